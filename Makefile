@@ -1,0 +1,32 @@
+# Fresh machine: `make demo` installs and runs the main job, `make test` installs and runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYTEST_WORKERS ?= 2
+
+.PHONY: install test lint demo clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q -e '.[dev,examples]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
+
+test: install
+	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q tests
+
+demo: install
+	$(PY) -m examples.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info
