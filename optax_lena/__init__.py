@@ -1,0 +1,70 @@
+"""optax_lena: layer-wise adaptive learning-rate scaling (LENA) for large-batch training.
+
+Composable Optax transformations for data-parallel training at large batch sizes: LENA's
+layer-wise gain ratios and state-aware warm-up (Ko, Lee and Kim, WWW 2022), AdaScale and linear
+scaling with warm-up, with the per-worker gradient statistics they need computed inside
+``pmap``, ``shard_map``, ``jit``/GSPMD and gradient accumulation.
+"""
+
+from optax_lena._src.alias import adascale, large_batch_sgd, lena, linear_scaling
+from optax_lena._src.diagnostics import diagnostics, noise_scale, per_layer_tree
+from optax_lena._src.gain_ratio import (
+    GainRatioRule,
+    GainRatioState,
+    adascale_rule,
+    lena_rule,
+    linear_rule,
+    scale_by_adascale,
+    scale_by_gain_ratio,
+    scale_by_lena,
+    scale_by_linear_scaling,
+)
+from optax_lena._src.grouping import group_by_module
+from optax_lena._src.nonfinite import SkipNonFiniteState, skip_nonfinite_steps
+from optax_lena._src.schedule import ScaleBySampleClockState, scale_by_learning_rate
+from optax_lena._src.stats import (
+    GradStats,
+    accumulate_grad_stats,
+    all_reduce_grad_stats,
+    stacked_grad_stats,
+)
+from optax_lena._src.warmup import (
+    FixedWarmupState,
+    LayerwiseWarmupState,
+    fixed_warmup,
+    layerwise_warmup,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FixedWarmupState",
+    "GainRatioRule",
+    "GainRatioState",
+    "GradStats",
+    "LayerwiseWarmupState",
+    "ScaleBySampleClockState",
+    "SkipNonFiniteState",
+    "accumulate_grad_stats",
+    "adascale",
+    "adascale_rule",
+    "all_reduce_grad_stats",
+    "diagnostics",
+    "fixed_warmup",
+    "group_by_module",
+    "large_batch_sgd",
+    "layerwise_warmup",
+    "lena",
+    "lena_rule",
+    "linear_rule",
+    "linear_scaling",
+    "noise_scale",
+    "per_layer_tree",
+    "scale_by_adascale",
+    "scale_by_gain_ratio",
+    "scale_by_learning_rate",
+    "scale_by_lena",
+    "scale_by_linear_scaling",
+    "skip_nonfinite_steps",
+    "stacked_grad_stats",
+]

@@ -1,0 +1,201 @@
+"""Ready optimizers: LENA, AdaScale and linear scaling (LSW), chained from the public blocks.
+
+Each is ``skip_nonfinite_steps(chain(weight decay, momentum, gain ratio, warm-up, rate))``, the
+momentum SGD of the paper's experiments (PyTorch semantics, docs/LENA.md Step 6):
+``d = gbar + lambda w``, ``m <- mu m + d``, ``w <- w - eta_k m`` with
+``eta_k = r_k * warmup_k * eta0 * schedule``. Every rule takes either warm-up: the state-aware
+``warmup_threshold`` (theta, single-worker iterations) or the fixed ``warmup_steps`` (W, base
+steps), which gives the paper's 3x3 ablation (Table 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+from optax_lena._src import checks, gain_ratio, nonfinite, schedule, warmup
+from optax_lena._src import grouping as grouping_lib
+
+
+def large_batch_sgd(
+    learning_rate: optax.ScalarOrSchedule,
+    rule: gain_ratio.GainRatioRule,
+    *,
+    momentum: float | None = 0.9,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    warmup_threshold: float | None = None,
+    warmup_steps: float = 0,
+    clock: str = "updates",
+) -> optax.GradientTransformationExtraArgs:
+  """Momentum SGD whose per-layer rate is scaled by ``rule`` and warmed up.
+
+  Args:
+    learning_rate: eta0 at the per-worker batch size, a float or an Optax schedule.
+    rule: the gain-ratio rule.
+    momentum: mu (None or 0 for none).
+    nesterov: Nesterov momentum.
+    weight_decay: lambda, coupled (added to the gradient before momentum, as in PyTorch).
+    warmup_threshold: theta of the state-aware warm-up, or None.
+    warmup_steps: W of the fixed warm-up in base steps, or 0.
+    clock: ``"updates"`` or ``"samples"`` for the schedule.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+  """
+  checks.check_learning_rate(learning_rate)
+  checks.check_warmup_steps(warmup_steps)
+  schedule.check_clock(clock)
+  if warmup_threshold is not None and not _is_zero(warmup_steps):
+    raise ValueError(
+        "Choose one warm-up: warmup_threshold (state-aware, layer-wise) or warmup_steps (fixed "
+        "linear), not both."
+    )
+  blocks: list[optax.GradientTransformation] = []
+  if not _is_zero(weight_decay):
+    blocks.append(optax.add_decayed_weights(weight_decay))
+  if momentum is not None and not _is_zero(momentum):
+    blocks.append(optax.trace(decay=momentum, nesterov=nesterov))
+  blocks.append(gain_ratio.scale_by_gain_ratio(rule))
+  if warmup_threshold is not None:
+    blocks.append(warmup.layerwise_warmup(warmup_threshold, rule=rule))
+  elif not _is_zero(warmup_steps):
+    blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples))
+  blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock))
+  return nonfinite.skip_nonfinite_steps(optax.chain(*blocks))
+
+
+def _is_zero(x: Any) -> bool:
+  """A hyper-parameter that is literally 0 (injected hyper-parameters are arrays: kept)."""
+  return isinstance(x, (int, float)) and x == 0
+
+
+def lena(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    momentum: float | None = 0.9,
+    weight_decay: float = 0.0,
+    warmup_threshold: float | None = None,
+    eps: float = 1e-6,
+    beta: float | None = None,
+    grouping: grouping_lib.Grouping = None,
+    warmup_steps: float = 0,
+    nesterov: bool = False,
+    clock: str = "updates",
+    num_samples: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """LENA: layer-wise gain ratios with the layer-wise state-aware warm-up (docs/LENA.md 1-6).
+
+  Example::
+
+    tx = ol.lena(0.1, weight_decay=5e-4, warmup_threshold=0.05 * single_worker_iterations)
+    mean_grads, stats = ol.all_reduce_grad_stats(local_grads, "batch")  # inside pmap
+    updates, opt_state = tx.update(mean_grads, opt_state, params, grad_stats=stats)
+
+  Args:
+    learning_rate: eta0, the rate of one worker at the per-worker batch size (float or schedule).
+    momentum: mu.
+    weight_decay: lambda, coupled and therefore scaled by the layer's rate.
+    warmup_threshold: theta in single-worker iterations (``alpha * T1``); None disables it.
+    eps: stabiliser of the ratio (1e-6); 0 makes the ratio exactly scale invariant.
+    beta: moving-average weight of new statistics; None means ``min(S / 1000, 1)``.
+    grouping: which leaves share a ratio and a warm-up (None: one per leaf; ``"module"``; a
+      label pytree; a callable ``(path, leaf) -> label``).
+    warmup_steps: a fixed linear warm-up of W base steps instead (ablation; excludes
+      ``warmup_threshold``).
+    nesterov: Nesterov momentum.
+    clock: ``"updates"`` (Optax convention) or ``"samples"`` (base steps t * S) for schedules.
+    num_samples: the S the statistics must have (checked at trace time), or None.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,
+    grad_stats=stats)``.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022.
+  """
+  rule = gain_ratio.lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
+  return large_batch_sgd(
+      learning_rate, rule, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+      warmup_threshold=warmup_threshold, warmup_steps=warmup_steps, clock=clock,
+  )
+
+
+def adascale(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    momentum: float | None = 0.9,
+    weight_decay: float = 0.0,
+    warmup_threshold: float | None = None,
+    eps: float = 1e-6,
+    beta: float | None = None,
+    warmup_steps: float = 0,
+    nesterov: bool = False,
+    clock: str = "updates",
+    num_samples: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """AdaScale SGD: one gain ratio for the whole model (the paper's AS baseline).
+
+  Args:
+    learning_rate: eta0 (float or schedule).
+    momentum: mu.
+    weight_decay: lambda (coupled).
+    warmup_threshold: state-aware warm-up advancing by the global ratio R, or None (the
+      paper's AdaScale default).
+    eps: stabiliser of the ratio.
+    beta: moving-average weight; None means ``min(S / 1000, 1)``.
+    warmup_steps: fixed linear warm-up in base steps (excludes ``warmup_threshold``).
+    nesterov: Nesterov momentum.
+    clock: ``"updates"`` or ``"samples"``.
+    num_samples: expected S, or None.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Johnson et al., "AdaScale SGD: A User-Friendly Algorithm for Distributed Training",
+    ICML 2020.
+  """
+  rule = gain_ratio.adascale_rule(beta=beta, eps=eps, num_samples=num_samples)
+  return large_batch_sgd(
+      learning_rate, rule, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+      warmup_threshold=warmup_threshold, warmup_steps=warmup_steps, clock=clock,
+  )
+
+
+def linear_scaling(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    momentum: float | None = 0.9,
+    weight_decay: float = 0.0,
+    warmup_steps: float = 0,
+    warmup_threshold: float | None = None,
+    nesterov: bool = False,
+    clock: str = "updates",
+    num_samples: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """Linear scaling with warm-up (LSW): every layer's rate is S * eta0.
+
+  Args:
+    learning_rate: eta0 (float or schedule).
+    momentum: mu.
+    weight_decay: lambda (coupled).
+    warmup_steps: W of the fixed linear warm-up in base steps (the paper: 5.5% of training).
+    warmup_threshold: a state-aware warm-up instead (progress advances by S each update).
+    nesterov: Nesterov momentum.
+    clock: ``"updates"`` or ``"samples"``.
+    num_samples: expected S, or None.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+  """
+  rule = gain_ratio.linear_rule(num_samples=num_samples)
+  return large_batch_sgd(
+      learning_rate, rule, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+      warmup_threshold=warmup_threshold, warmup_steps=warmup_steps, clock=clock,
+  )

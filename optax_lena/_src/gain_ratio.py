@@ -1,0 +1,323 @@
+"""Gain ratios: the one core shared by linear scaling, AdaScale and LENA.
+
+All three rules multiply a layer's update by a gain ratio r in [1, S]:
+
+* linear scaling (Goyal et al. 2017): r = S for every layer;
+* AdaScale (Johnson et al. 2020): one ratio for the whole model from the moving averages of the
+  summed statistics;
+* LENA (Ko et al. 2022, Eqs. 4, 5 and 8): one ratio per layer (or per user-defined group).
+
+AdaScale is LENA with a single group, and linear scaling is the ratio's upper clip, so one
+function, :func:`advance_gain_ratio`, implements them all. Per-layer quantities live in float32
+vectors with one entry per (unmasked) leaf, in ``jax.tree.leaves`` order: the scalar work is a
+handful of vector operations whatever the number of leaves, which keeps compile time flat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_lena._src import checks, stats, tree_utils
+from optax_lena._src import grouping as grouping_lib
+
+PyTree = Any
+
+
+class GainRatioState(NamedTuple):
+  """State of a gain-ratio rule.
+
+  Attributes:
+    count: number of updates applied (int32).
+    sq_norm_mean_avg: ``A_k``, per leaf, moving average of ``(1/S) sum_i ||g_ik||^2`` (Eq. 8).
+    mean_grad_sq_norm_avg: ``D_k``, per leaf, moving average of ``||gbar_k||^2`` (Eq. 8).
+    ratio: the clipped gain ratio ``r_k`` used by the last update, per leaf (a group's ratio is
+      repeated on each of its leaves).
+    global_ratio: the AdaScale ratio ``R`` of the whole model at the last update, clipped.
+    num_samples: S of the last update (int32; 0 before the first).
+  """
+
+  count: jax.Array
+  sq_norm_mean_avg: jax.Array
+  mean_grad_sq_norm_avg: jax.Array
+  ratio: jax.Array
+  global_ratio: jax.Array
+  num_samples: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GainRatioRule:
+  """Static description of a gain-ratio rule.
+
+  Attributes:
+    adaptive: ``False`` for linear scaling (r = S), ``True`` for the variance-based ratio.
+    grouping: which leaves share one ratio (see :mod:`optax_lena._src.grouping`); ``"global"``
+      is AdaScale, ``None`` (one ratio per leaf) is LENA.
+    beta: moving-average weight of the new statistics; ``None`` means ``min(S / 1000, 1)``.
+    eps: added to numerator and denominator of the ratio (Step 3 of docs/LENA.md).
+    num_samples: the S the statistics must have, or ``None`` to accept any.
+  """
+
+  adaptive: bool = True
+  grouping: grouping_lib.Grouping = None
+  beta: Any = None
+  eps: Any = 1e-6
+  num_samples: int | None = None
+
+  def __post_init__(self):
+    grouping_lib.validate_grouping(self.grouping)
+    checks.check_eps(self.eps)
+    checks.check_beta(self.beta)
+    checks.check_num_samples(self.num_samples)
+
+
+def lena_rule(**kwargs: Any) -> GainRatioRule:
+  return GainRatioRule(adaptive=True, **kwargs)
+
+
+def adascale_rule(**kwargs: Any) -> GainRatioRule:
+  return GainRatioRule(adaptive=True, grouping="global", **kwargs)
+
+
+def linear_rule(**kwargs: Any) -> GainRatioRule:
+  return GainRatioRule(adaptive=False, grouping="global", **kwargs)
+
+
+RULES = {"lena": lena_rule, "adascale": adascale_rule, "linear": linear_rule}
+
+
+def rule_from_name(
+    rule: str | GainRatioRule,
+    *,
+    beta: Any = None,
+    eps: Any = None,
+    grouping: grouping_lib.Grouping = None,
+    num_samples: int | None = None,
+) -> GainRatioRule:
+  """A rule by name with its hyper-parameters (``None``: the default), or a given rule."""
+  if isinstance(rule, GainRatioRule):
+    if beta is not None or grouping is not None or num_samples is not None or eps is not None:
+      raise ValueError(
+          "Pass the hyper-parameters either inside the GainRatioRule or as keywords, not both."
+      )
+    return rule
+  if rule not in RULES:
+    raise ValueError(f"Unknown gain-ratio rule {rule!r}: use one of {sorted(RULES)}.")
+  if grouping is not None and rule != "lena":
+    raise ValueError(
+        f"grouping applies to the layer-wise rule 'lena' only; rule {rule!r} uses one ratio "
+        "for the whole model."
+    )
+  kwargs = {"beta": beta, "num_samples": num_samples}
+  if eps is not None:
+    kwargs["eps"] = eps
+  if rule == "lena":
+    kwargs["grouping"] = grouping
+  return RULES[rule](**kwargs)
+
+
+def init_gain_ratio_state(params: PyTree) -> GainRatioState:
+  n = len(tree_utils.active_leaves_with_path(params))
+  zeros = jnp.zeros((n,), jnp.float32)
+  return GainRatioState(
+      count=jnp.zeros([], jnp.int32),
+      sq_norm_mean_avg=zeros,
+      mean_grad_sq_norm_avg=zeros,
+      ratio=jnp.ones((n,), jnp.float32),
+      global_ratio=jnp.ones([], jnp.float32),
+      num_samples=jnp.zeros([], jnp.int32),
+  )
+
+
+def statistics_vectors(
+    updates: PyTree, grad_stats: stats.GradStats | None, expected_num_samples: int | None
+) -> tuple[jax.Array, jax.Array, int]:
+  """Per-leaf ``top`` and ``bot`` (Eq. 4) as float32 vectors, and S, validated."""
+  checks.check_grad_stats(grad_stats, expected_num_samples)
+  top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
+  if grad_stats.mean_grad_sq_norm is None:
+    bot = [stats.sq_norm(u) for _, u in tree_utils.active_leaves_with_path(updates)]
+  else:
+    bot = tree_utils.select_like(
+        grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
+    )
+  return tree_utils.pack_scalars(top), tree_utils.pack_scalars(bot), grad_stats.num_samples
+
+
+def clipped_ratio(numerator: jax.Array, denominator: jax.Array, eps: Any, s: int) -> jax.Array:
+  """``clip((A + eps) / (D + eps), 1, S)`` (Step 3), defined for eps = 0 too.
+
+  With eps = 0 a zero denominator means a zero mean gradient: ratio S if there is noise, and 1
+  for a frozen layer (no gradient at all) rather than NaN.
+  """
+  num = numerator + eps
+  den = denominator + eps
+  safe_den = jnp.where(den > 0, den, 1.0)
+  ratio = jnp.where(den > 0, num / safe_den, jnp.where(num > 0, float(s), 1.0))
+  return jnp.clip(ratio, 1.0, float(s))
+
+
+def _group_sum(values: jax.Array, groups: grouping_lib.Groups) -> jax.Array:
+  if groups.is_per_leaf:
+    return values
+  if groups.num_groups == 1:
+    return jnp.sum(values, keepdims=True)
+  return jax.ops.segment_sum(values, jnp.asarray(groups.index), groups.num_groups)
+
+
+def _to_leaves(per_group: jax.Array, groups: grouping_lib.Groups) -> jax.Array:
+  if groups.is_per_leaf:
+    return per_group
+  if groups.num_groups == 1:
+    return jnp.broadcast_to(per_group, (len(groups.index),))
+  return per_group[jnp.asarray(groups.index)]
+
+
+def advance_gain_ratio(
+    state: GainRatioState, rule: GainRatioRule, updates: PyTree, grad_stats: stats.GradStats | None
+) -> GainRatioState:
+  """One update of the moving averages (Eq. 8) and the clipped ratios (Step 3).
+
+  Args:
+    state: the previous :class:`GainRatioState`.
+    rule: the rule.
+    updates: the updates the calling transformation receives (their structure, possibly masked,
+      selects the statistics; their values are read only when the statistics lack
+      ``mean_grad_sq_norm``).
+    grad_stats: the statistics of this update.
+
+  Returns:
+    The new state; ``new_state.ratio`` holds this update's per-leaf ratios.
+  """
+  top, bot, s = statistics_vectors(updates, grad_stats, rule.num_samples)
+  if top.shape != state.sq_norm_mean_avg.shape:
+    raise ValueError(
+        f"The optimizer state was initialised for {state.sq_norm_mean_avg.shape[0]} parameter "
+        f"leaves but the update has {top.shape[0]}: call tx.init with the same parameter tree "
+        "that the updates have."
+    )
+  beta = min(s / 1000.0, 1.0) if rule.beta is None else rule.beta
+  avg_top = beta * top + (1.0 - beta) * state.sq_norm_mean_avg
+  avg_bot = beta * bot + (1.0 - beta) * state.mean_grad_sq_norm_avg
+  global_ratio = clipped_ratio(jnp.sum(avg_top), jnp.sum(avg_bot), rule.eps, s)
+  if rule.adaptive:
+    groups = grouping_lib.resolve_groups(rule.grouping, updates)
+    per_group = clipped_ratio(
+        _group_sum(avg_top, groups), _group_sum(avg_bot, groups), rule.eps, s
+    )
+    ratio = _to_leaves(per_group, groups)
+  else:
+    ratio = jnp.full(top.shape, float(s), jnp.float32)
+  return GainRatioState(
+      count=optax.safe_increment(state.count),
+      sq_norm_mean_avg=avg_top,
+      mean_grad_sq_norm_avg=avg_bot,
+      ratio=ratio,
+      global_ratio=global_ratio,
+      num_samples=jnp.asarray(s, jnp.int32),
+  )
+
+
+def scale_active_leaves(updates: PyTree, factors: jax.Array) -> PyTree:
+  """Multiplies the k-th active leaf of ``updates`` by ``factors[k]`` (in float32, then back)."""
+  return tree_utils.map_active_indexed(
+      lambda k, u: (u * factors[k]).astype(u.dtype), updates
+  )
+
+
+def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtraArgs:
+  """Multiplies each layer's update by its gain ratio (Eq. 5 without the base rate).
+
+  Args:
+    rule: the :class:`GainRatioRule`.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose update takes ``grad_stats=``.
+  """
+
+  def init_fn(params):
+    return init_gain_ratio_state(params)
+
+  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    del params, extra_args
+    new_state = advance_gain_ratio(state, rule, updates, grad_stats)
+    return scale_active_leaves(updates, new_state.ratio), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def scale_by_lena(
+    *,
+    beta: float | None = None,
+    eps: float = 1e-6,
+    grouping: grouping_lib.Grouping = None,
+    num_samples: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """LENA's layer-wise gain ratio (Eqs. 4, 5, 8).
+
+  For every layer k: ``A_k <- beta top_k + (1-beta) A_k``, ``D_k <- beta bot_k + (1-beta) D_k``
+  and the update is multiplied by ``r_k = clip((A_k + eps) / (D_k + eps), 1, S)``.
+
+  Args:
+    beta: moving-average weight; ``None`` means ``min(S / 1000, 1)``.
+    eps: stabiliser of the ratio (1e-6 in the paper); ``0`` makes the ratio exactly invariant
+      to the scale of the gradients.
+    grouping: ``None`` (one ratio per leaf), ``"module"``, a label pytree or a callable
+      ``(path, leaf) -> label``.
+    num_samples: the S that the statistics must have (checked at trace time), or ``None``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; call
+    ``update(updates, state, params, grad_stats=stats)``.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022.
+  """
+  return scale_by_gain_ratio(
+      lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
+  )
+
+
+def scale_by_adascale(
+    *, beta: float | None = None, eps: float = 1e-6, num_samples: int | None = None
+) -> optax.GradientTransformationExtraArgs:
+  """AdaScale's global gain ratio ``R = (sum_k A_k + eps) / (sum_k D_k + eps)``, in [1, S].
+
+  Args:
+    beta: moving-average weight; ``None`` means ``min(S / 1000, 1)``.
+    eps: stabiliser of the ratio.
+    num_samples: the S that the statistics must have, or ``None``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for Distributed
+    Training", ICML 2020.
+  """
+  return scale_by_gain_ratio(adascale_rule(beta=beta, eps=eps, num_samples=num_samples))
+
+
+def scale_by_linear_scaling(
+    *, num_samples: int | None = None
+) -> optax.GradientTransformationExtraArgs:
+  """Linear scaling: multiplies every update by S.
+
+  The statistics' moving averages are still tracked (a few scalars per leaf) so that
+  :func:`optax_lena.diagnostics` can report gradient noise scales for this baseline too.
+
+  Args:
+    num_samples: the S that the statistics must have, or ``None``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+  """
+  return scale_by_gain_ratio(linear_rule(num_samples=num_samples))

@@ -1,0 +1,112 @@
+"""Which leaves of the parameter pytree form one "layer" for the gain ratio and the warm-up.
+
+LENA's default layer is one leaf (the authors' code treats weights and biases separately). A user
+may group leaves instead, e.g. a Flax module's kernel and bias; the ratio and the warm-up
+progress are then per group. AdaScale is the special case of one group for the whole model.
+Groups are resolved at trace time from the tree structure, so they cost nothing at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+import jax
+
+from optax_lena._src import tree_utils
+
+PyTree = Any
+# None / "leaf": one group per leaf. "module": leaves with the same parent path. "global": one
+# group. A pytree of hashable labels shaped like the parameters, or a callable
+# (path: tuple[str, ...], leaf) -> label.
+Grouping = None | str | PyTree | Callable[[tuple[str, ...], Any], Hashable]
+
+_NAMED = ("leaf", "module", "global")
+
+
+def group_by_module(path: tuple[str, ...], leaf: Any) -> Hashable:
+  """Groups a leaf with its siblings: e.g. a Flax ``Dense``'s ``kernel`` and ``bias``."""
+  del leaf
+  return path[:-1]
+
+
+class Groups(NamedTuple):
+  """Static assignment of the active leaves to groups, in leaf order."""
+
+  index: tuple[int, ...]  # group id of each leaf, ids numbered by first appearance
+  num_groups: int
+
+  @property
+  def is_per_leaf(self) -> bool:
+    return self.num_groups == len(self.index)
+
+
+def validate_grouping(grouping: Grouping) -> None:
+  """Errors that can be raised before any tree is seen."""
+  if isinstance(grouping, str) and grouping not in _NAMED:
+    raise ValueError(
+        f"Unknown grouping {grouping!r}: use one of {_NAMED}, a pytree of labels shaped like the "
+        "parameters, or a callable (path, leaf) -> label."
+    )
+
+
+def resolve_groups(grouping: Grouping, tree: PyTree) -> Groups:
+  """Assigns every active (unmasked) leaf of ``tree`` to a group.
+
+  Args:
+    grouping: see :data:`Grouping`.
+    tree: the parameters or updates (possibly with ``optax.MaskedNode`` entries).
+
+  Returns:
+    The static :class:`Groups`.
+  """
+  validate_grouping(grouping)
+  leaves = tree_utils.active_leaves_with_path(tree)
+  n = len(leaves)
+  if grouping is None or grouping == "leaf":
+    return Groups(tuple(range(n)), n)
+  if grouping == "global":
+    return Groups((0,) * n, 1 if n else 0)
+  if grouping == "module":
+    labels = [group_by_module(tree_utils.path_to_strings(p), x) for p, x in leaves]
+  elif callable(grouping):
+    labels = [grouping(tree_utils.path_to_strings(p), x) for p, x in leaves]
+  else:
+    labels = _labels_from_tree(grouping, tree)
+  ids: dict[Hashable, int] = {}
+  index = []
+  for path, label in zip((p for p, _ in leaves), labels, strict=True):
+    try:
+      index.append(ids.setdefault(label, len(ids)))
+    except TypeError as err:
+      raise ValueError(
+          f"The grouping gave the unhashable label {label!r} for the leaf "
+          f"{jax.tree_util.keystr(path)}; labels must be hashable (str, int, tuple)."
+      ) from err
+  return Groups(tuple(index), len(ids))
+
+
+def _labels_from_tree(labels: PyTree, tree: PyTree) -> list[Hashable]:
+  flat_labels, _ = jax.tree_util.tree_flatten_with_path(labels, is_leaf=lambda x: x is None)
+  label_by_path = {path: label for path, label in flat_labels}
+  out = []
+  for path, _ in tree_utils.active_leaves_with_path(tree):
+    if path not in label_by_path or label_by_path[path] is None:
+      raise ValueError(
+          f"The grouping does not cover the parameter {jax.tree_util.keystr(path)}: give a label "
+          "pytree with one hashable label for every parameter leaf (same structure as the "
+          "parameters), or a callable (path, leaf) -> label such as ol.group_by_module."
+      )
+    out.append(label_by_path[path])
+  active = {p for p, _ in tree_utils.active_leaves_with_path(tree)}
+  extra = [p for p in label_by_path if p not in active]
+  flat_tree, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=tree_utils.is_masked)
+  all_paths = {p for p, _ in flat_tree}
+  stray = [p for p in extra if p not in all_paths]
+  if stray:
+    raise ValueError(
+        f"The grouping labels leaves that the parameters do not have: "
+        f"{[jax.tree_util.keystr(p) for p in stray][:5]}. Build the label pytree from the "
+        "parameters (e.g. jax.tree_util.tree_map_with_path over params)."
+    )
+  return out

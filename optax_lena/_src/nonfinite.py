@@ -1,0 +1,96 @@
+"""Skipping non-finite steps: a bad batch never corrupts the optimizer state."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_lena._src import stats, tree_utils
+
+PyTree = Any
+
+
+class SkipNonFiniteState(NamedTuple):
+  """State of :func:`skip_nonfinite_steps`.
+
+  Attributes:
+    inner_state: the wrapped transformation's state.
+    num_skipped: number of updates skipped because of non-finite gradients (int32).
+  """
+
+  inner_state: Any
+  num_skipped: jax.Array
+
+
+def complete_grad_stats(updates: PyTree, grad_stats: stats.GradStats) -> stats.GradStats:
+  """Fills ``mean_grad_sq_norm`` from the (raw, mean) gradients when the statistics lack it."""
+  if grad_stats.mean_grad_sq_norm is not None:
+    return grad_stats
+  mean_sq = tree_utils.map_active(stats.sq_norm, updates)
+  return dataclasses.replace(grad_stats, mean_grad_sq_norm=mean_sq)
+
+
+def stats_are_finite(updates: PyTree, grad_stats: stats.GradStats) -> jax.Array:
+  """True when every squared norm is finite (read from per-leaf scalars: no pass over the
+  gradients). A squared norm past the float32 range counts as non-finite."""
+  top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
+  bot = tree_utils.select_like(
+      grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
+  )
+  total = jnp.sum(tree_utils.pack_scalars(top)) + jnp.sum(tree_utils.pack_scalars(bot))
+  return jnp.isfinite(total)
+
+
+def skip_nonfinite_steps(
+    inner: optax.GradientTransformation,
+) -> optax.GradientTransformationExtraArgs:
+  """Runs ``inner`` and discards the step when the gradients are not finite.
+
+  On a step whose statistics (or, without statistics, gradients) contain NaN or Inf, or whose
+  squared norms overflow float32, the updates are zero and the whole inner state (moving
+  averages, warm-up progress, momentum, counters) is kept exactly as before, as if the step had
+  not happened; ``num_skipped`` counts such steps. Unlike ``optax.apply_if_finite`` the check
+  reads the per-leaf squared norms that the statistics already hold.
+
+  When the statistics lack ``mean_grad_sq_norm`` it is computed here from the gradients, before
+  any inner transformation (weight decay, momentum) changes them.
+
+  Args:
+    inner: the transformation to protect (usually an ``optax.chain``).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+  """
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return SkipNonFiniteState(inner.init(params), jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    if grad_stats is not None:
+      if not isinstance(grad_stats, stats.GradStats):
+        raise TypeError(
+            f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
+            "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
+        )
+      grad_stats = complete_grad_stats(updates, grad_stats)
+      finite = stats_are_finite(updates, grad_stats)
+      extra_args["grad_stats"] = grad_stats
+    else:
+      finite = jnp.all(
+          jnp.asarray([jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)], bool)
+      )
+    new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
+    new_updates = tree_utils.map_active(
+        lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates
+    )
+    new_inner = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner,
+                             state.inner_state)
+    num_skipped = state.num_skipped + jnp.where(finite, 0, 1).astype(jnp.int32)
+    return new_updates, SkipNonFiniteState(new_inner, num_skipped)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,75 @@
+"""The base learning rate eta0 * schedule, on a selectable clock (Eq. 5's eta0 * schedule(t))."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_lena._src import checks, tree_utils
+from optax_lena._src.warmup import num_samples_of
+
+CLOCKS = ("updates", "samples")
+
+
+class ScaleBySampleClockState(NamedTuple):
+  """Base steps (single-worker iterations, sum of S over past updates) seen so far, int32."""
+
+  base_steps: jax.Array
+
+
+def check_clock(clock: str) -> None:
+  if clock not in CLOCKS:
+    raise ValueError(
+        f"Unknown clock {clock!r}: use 'updates' (the schedule sees the update count, the Optax "
+        "convention) or 'samples' (it sees base steps t * S, the paper's convention)."
+    )
+
+
+def scale_by_learning_rate(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    clock: str = "updates",
+    flip_sign: bool = True,
+    num_samples: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """Scales updates by ``-learning_rate``, a constant or a schedule on the chosen clock.
+
+  With ``clock="updates"`` this is ``optax.scale_by_learning_rate`` (the schedule sees 0, 1,
+  2, ... ). With ``clock="samples"`` the schedule sees the base steps before the update,
+  ``0, S, 2S, ...``: the paper's exponential decay ``eta0 * 0.01 ** (base_steps / total)`` runs
+  on samples seen, so the same schedule serves every batch size.
+
+  Args:
+    learning_rate: eta0, a positive float or an Optax schedule.
+    clock: ``"updates"`` or ``"samples"``.
+    flip_sign: multiply by ``-learning_rate`` (gradient descent), as Optax does.
+    num_samples: S when no ``grad_stats`` are passed to update (``"samples"`` clock only).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+  """
+  check_clock(clock)
+  checks.check_learning_rate(learning_rate)
+  if clock == "updates" or not callable(learning_rate):
+    return optax.with_extra_args_support(
+        optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)
+    )
+  sign = -1.0 if flip_sign else 1.0
+
+  def init_fn(params):
+    del params
+    return ScaleBySampleClockState(jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    del params, extra_args
+    s = num_samples_of(grad_stats, num_samples, "scale_by_learning_rate(clock='samples')")
+    step_size = sign * learning_rate(state.base_steps)
+    updates = tree_utils.map_active(
+        lambda u: (jnp.asarray(step_size, u.dtype) * u), updates
+    )
+    return updates, ScaleBySampleClockState(state.base_steps + s)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

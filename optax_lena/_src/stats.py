@@ -1,0 +1,251 @@
+"""Gradient statistics of the S per-worker gradients (the paper's Eq. 4).
+
+LENA and AdaScale need, besides the averaged gradient, the mean squared norm of the S per-worker
+gradients for every layer. This module computes them wherever the per-worker gradients exist:
+
+* stacked on a leading axis (``vmap`` over micro-batches, or ``jit`` with that axis sharded: GSPMD),
+* spread over devices inside ``pmap`` / ``shard_map`` (one extra all-reduce of one float per leaf),
+* sequentially over K micro-batches inside one step (``lax.scan``, memory independent of K),
+
+and the compositions of these (S = devices x K). All statistics are float32 whatever the gradient
+dtype, so float16 gradients whose squares leave the float16 range still give exact statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from optax_lena._src import tree_utils
+
+PyTree = Any
+AxisName = Hashable | Sequence[Hashable]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradStats:
+  """Statistics of the S per-worker gradients of one update.
+
+  A registered pytree: it passes through ``jit``, ``pmap``, ``vmap`` and ``lax.scan`` like any
+  other argument. ``num_samples`` is static (part of the tree structure), so the gain-ratio clip
+  ``[1, S]`` and the default moving-average weight ``min(S / 1000, 1)`` are known at trace time.
+
+  Attributes:
+    sq_norm_mean: a pytree shaped like the gradients holding one float32 scalar per leaf,
+      ``(1/S) * sum_i ||g_{i,leaf}||^2`` (the paper's ``top``).
+    num_samples: S, the number of per-worker gradients averaged by the update (workers times
+      accumulated micro-batches).
+    mean_grad_sq_norm: optional pytree of float32 scalars ``||(1/S) sum_i g_{i,leaf}||^2`` (the
+      paper's ``bot``). The functions of this module always fill it, from the float32 mean before
+      any down-cast, so the update need not read the gradients again. When it is ``None`` the
+      aliases (``lena``, ``adascale``, ``linear_scaling``) compute it from the gradients they
+      receive; a bare ``scale_by_*`` building block computes it from the updates it receives,
+      which is right only when it is the first transformation of a chain.
+  """
+
+  sq_norm_mean: PyTree
+  num_samples: int
+  mean_grad_sq_norm: PyTree = None
+
+  def __post_init__(self):
+    n = self.num_samples
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+      raise ValueError(
+          f"GradStats.num_samples must be a positive Python int (the number S of per-worker "
+          f"gradients averaged), got {n!r}. Build statistics with ol.stacked_grad_stats, "
+          "ol.all_reduce_grad_stats or ol.accumulate_grad_stats."
+      )
+
+
+jax.tree_util.register_dataclass(
+    GradStats,
+    data_fields=["sq_norm_mean", "mean_grad_sq_norm"],
+    meta_fields=["num_samples"],
+)
+
+
+def sq_norm(x: jax.Array) -> jax.Array:
+  """Squared Euclidean norm of ``x`` accumulated in float32 (at least)."""
+  x = jnp.asarray(x)
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+  return jnp.sum(jnp.square(x.astype(acc)), dtype=acc).astype(jnp.float32)
+
+
+def stacked_grad_stats(
+    stacked_grads: PyTree,
+    *,
+    stacked_stats: GradStats | None = None,
+) -> tuple[PyTree, GradStats]:
+  """Mean gradient and statistics from per-worker gradients stacked on a leading axis.
+
+  Under ``jit`` with the leading axis sharded across devices this is the GSPMD path: XLA turns
+  the reductions over the worker axis into all-reduces.
+
+  Args:
+    stacked_grads: a pytree whose every leaf has a leading axis of size S (e.g. from
+      ``jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, micro_batches)``).
+    stacked_stats: optional statistics of the stacked entries themselves when every entry is
+      already a mean over K micro-batches (e.g. ``jax.vmap`` of :func:`accumulate_grad_stats`);
+      the result then covers S x K samples.
+
+  Returns:
+    ``(mean_grads, stats)``: the mean over the leading axis, in the gradients' dtype, and the
+    :class:`GradStats` of the S (or S x K) samples.
+  """
+  leaves = jax.tree.leaves(stacked_grads)
+  if not leaves:
+    raise ValueError(
+        "stacked_grad_stats got a pytree without leaves, so the number of workers S is unknown. "
+        "Build GradStats(sq_norm_mean={}, num_samples=S) directly for an empty parameter tree."
+    )
+  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError(
+        "stacked_grad_stats needs every gradient leaf to have the same leading (worker) axis; "
+        f"got leading sizes {sorted(str(s) for s in sizes)}. Stack the per-worker gradients with "
+        "jax.vmap or jnp.stack on axis 0."
+    )
+  (num_stacked,) = sizes
+
+  def per_leaf(g):
+    acc = jnp.promote_types(g.dtype, jnp.float32)
+    g32 = g.astype(acc)
+    mean = jnp.mean(g32, axis=0)
+    per_worker_sq = jnp.sum(jnp.square(g32).reshape(num_stacked, -1), axis=1)
+    return mean.astype(g.dtype), jnp.mean(per_worker_sq), jnp.sum(jnp.square(mean))
+
+  triples = jax.tree.map(per_leaf, stacked_grads)
+  treedef = jax.tree.structure(stacked_grads)
+  mean_grads, sq_norm_mean, mean_sq = tree_utils.unzip3(treedef, triples)
+  num_samples = num_stacked
+  if stacked_stats is not None:
+    tree_utils.check_same_structure(stacked_stats.sq_norm_mean, stacked_grads, "stacked_stats")
+    # Each stacked entry is a mean over K micro-batches: the mean of the K per-micro-batch
+    # squared norms averages again over the stacked axis.
+    sq_norm_mean = jax.tree.map(
+        lambda s: jnp.mean(s.astype(jnp.float32), axis=0), stacked_stats.sq_norm_mean
+    )
+    num_samples = num_stacked * stacked_stats.num_samples
+  cast = lambda t: jax.tree.map(lambda s: s.astype(jnp.float32), t)
+  return mean_grads, GradStats(cast(sq_norm_mean), num_samples, cast(mean_sq))
+
+
+def _axis_size(axis_name: AxisName) -> int:
+  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  size = 1
+  for name in names:
+    size *= jax.lax.axis_size(name)
+  return size
+
+
+def all_reduce_grad_stats(
+    local_grads: PyTree,
+    axis_name: AxisName,
+    *,
+    local_stats: GradStats | None = None,
+) -> tuple[PyTree, GradStats]:
+  """All-reduces gradients and their statistics inside ``pmap`` or ``shard_map``.
+
+  Replaces the usual ``lax.pmean(grads, axis_name)``. Besides that mean it issues ONE extra
+  all-reduce of a float32 vector with one entry per leaf (the local squared norms, packed so
+  that XLA sends a single small message instead of one per leaf).
+
+  Args:
+    local_grads: this worker's gradient pytree (or its mean over K local micro-batches when
+      ``local_stats`` is given).
+    axis_name: the mapped axis name, or a tuple of names; S is the total size of those axes.
+    local_stats: statistics of this worker's K local micro-batches (from
+      :func:`accumulate_grad_stats`); then S = (size of the axes) x K.
+
+  Returns:
+    ``(mean_grads, stats)``, identical on every worker.
+  """
+  if isinstance(axis_name, list):
+    axis_name = tuple(axis_name)
+  num_workers = _axis_size(axis_name)
+  if local_stats is None:
+    local_sq = jax.tree.map(sq_norm, local_grads)
+    local_samples = 1
+  else:
+    tree_utils.check_same_structure(local_stats.sq_norm_mean, local_grads, "local_stats")
+    local_sq = local_stats.sq_norm_mean
+    local_samples = local_stats.num_samples
+  treedef = jax.tree.structure(local_grads)
+  packed = tree_utils.pack_scalars(jax.tree.leaves(local_sq))
+  mean_grads = jax.lax.pmean(local_grads, axis_name)
+  # A mean of per-worker means of squared norms over equally sized groups is the global mean.
+  packed = jax.lax.pmean(packed, axis_name)
+  sq_norm_mean = jax.tree.unflatten(treedef, tree_utils.unpack_scalars(packed))
+  mean_sq = jax.tree.map(sq_norm, mean_grads)
+  return mean_grads, GradStats(sq_norm_mean, num_workers * local_samples, mean_sq)
+
+
+def accumulate_grad_stats(
+    loss_fn: Callable[..., Any],
+    params: PyTree,
+    micro_batches: PyTree,
+    *args: Any,
+    has_aux: bool = False,
+) -> tuple[Any, PyTree, GradStats]:
+  """Loss, mean gradient and statistics over K sequential micro-batches in one step.
+
+  A ``lax.scan`` over the leading axis of ``micro_batches`` carries float32 running sums of the
+  gradients and of the per-micro-batch squared norms, so memory does not grow with K (only the
+  input batch does). Inside ``pmap``/``shard_map`` pass the result to
+  ``all_reduce_grad_stats(..., local_stats=stats)``; under ``jax.vmap`` over workers pass it to
+  ``stacked_grad_stats(..., stacked_stats=stats)``. Either gives S = workers x K.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch, *args) -> loss`` (or ``(loss, aux)`` with ``has_aux``).
+    params: the parameters to differentiate.
+    micro_batches: a pytree whose leaves have a leading axis of size K.
+    *args: extra arguments passed unchanged to ``loss_fn`` (e.g. a PRNG key).
+    has_aux: whether ``loss_fn`` returns ``(loss, aux)``; aux is averaged over micro-batches.
+
+  Returns:
+    ``(loss, mean_grads, stats)`` where loss is the mean over the K micro-batches (or
+    ``(loss, aux)`` with ``has_aux``), mean_grads has the parameters' dtypes and stats covers K
+    samples.
+  """
+  leaves = jax.tree.leaves(micro_batches)
+  if not leaves:
+    raise ValueError("accumulate_grad_stats needs micro_batches with a leading axis of size K.")
+  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError(
+        "accumulate_grad_stats needs every micro_batches leaf to have the same leading axis K; "
+        f"got {sorted(str(s) for s in sizes)}. Reshape the batch to [K, micro_batch, ...]."
+    )
+  (k,) = sizes
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
+
+  def step(carry, batch):
+    grad_sum, sq_sum, value_sum = carry
+    value, grads = grad_fn(params, batch, *args)
+    grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+    sq_sum = sq_sum + tree_utils.pack_scalars([sq_norm(g) for g in jax.tree.leaves(grads)])
+    value_sum = jax.tree.map(lambda s, v: s + jnp.asarray(v, s.dtype), value_sum, value)
+    return (grad_sum, sq_sum, value_sum), None
+
+  acc_dtype = lambda x: jnp.promote_types(jnp.result_type(x), jnp.float32)
+  zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x))
+  value_shape = jax.eval_shape(
+      grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), *args
+  )[0]
+  init = (
+      jax.tree.map(zeros, params),
+      jnp.zeros((len(jax.tree.leaves(params)),), jnp.float32),
+      jax.tree.map(zeros, value_shape),
+  )
+  (grad_sum, sq_sum, value_sum), _ = jax.lax.scan(step, init, micro_batches)
+  mean_grads32 = jax.tree.map(lambda s: s / k, grad_sum)
+  mean_grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), mean_grads32, params)
+  treedef = jax.tree.structure(params)
+  sq_norm_mean = jax.tree.unflatten(treedef, tree_utils.unpack_scalars(sq_sum / k))
+  stats = GradStats(sq_norm_mean, k, jax.tree.map(sq_norm, mean_grads32))
+  value = jax.tree.map(lambda s, v: (s / k).astype(v.dtype), value_sum, value_shape)
+  return value, mean_grads, stats

@@ -1,0 +1,106 @@
+"""Small pytree helpers shared by the statistics, gain-ratio and warm-up modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+
+
+def unzip3(treedef: Any, triples: PyTree) -> tuple[PyTree, PyTree, PyTree]:
+  """Splits a tree of 3-tuples (with structure ``treedef`` above them) into three trees."""
+  flat = treedef.flatten_up_to(triples)
+  return tuple(jax.tree.unflatten(treedef, [t[i] for t in flat]) for i in range(3))
+
+
+def pack_scalars(scalars: Sequence[jax.Array]) -> jax.Array:
+  """Packs per-leaf float32 scalars into one vector (the layer axis of the optimizer state)."""
+  if not scalars:
+    return jnp.zeros((0,), jnp.float32)
+  return jnp.stack([jnp.asarray(s, jnp.float32).reshape(()) for s in scalars])
+
+
+def unpack_scalars(vector: jax.Array) -> list[jax.Array]:
+  return [vector[i] for i in range(vector.shape[0])]
+
+
+def is_masked(x: Any) -> bool:
+  """Leaves that ``optax.masked`` / ``optax.multi_transform`` hide from an inner transform."""
+  return x is None or isinstance(x, optax.MaskedNode)
+
+
+def check_same_structure(tree: PyTree, reference: PyTree, what: str) -> None:
+  if jax.tree.structure(tree) != jax.tree.structure(reference):
+    raise ValueError(
+        f"The tree structure of {what} does not match the gradients: "
+        f"{jax.tree.structure(tree)} vs {jax.tree.structure(reference)}. Compute the statistics "
+        "from the same gradient pytree the optimizer receives."
+    )
+
+
+def path_to_strings(path: Sequence[Any]) -> tuple[str, ...]:
+  """A jax key path as plain strings, e.g. ``('Dense_0', 'kernel')``."""
+  out = []
+  for key in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        out.append(str(getattr(key, attr)))
+        break
+    else:
+      out.append(str(key))
+  return tuple(out)
+
+
+def active_leaves_with_path(tree: PyTree) -> list[tuple[tuple[Any, ...], Any]]:
+  """(path, leaf) pairs of a possibly masked tree, masked entries dropped."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_masked)
+  return [(path, leaf) for path, leaf in flat if not is_masked(leaf)]
+
+
+def select_like(stats_tree: PyTree, updates: PyTree, what: str) -> list[Any]:
+  """Leaves of ``stats_tree`` that correspond to the active leaves of ``updates``.
+
+  ``optax.masked`` and ``optax.multi_transform`` hand an inner transformation the updates with
+  hidden leaves replaced by ``MaskedNode`` while extra arguments such as ``grad_stats`` arrive
+  whole; this picks the entries of the visible leaves. Any other difference of structure is a
+  user error and raises at trace time.
+  """
+  u_flat, _ = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_masked)
+  s_flat, _ = jax.tree_util.tree_flatten_with_path(stats_tree, is_leaf=is_masked)
+  u_paths = [p for p, _ in u_flat]
+  s_paths = [p for p, _ in s_flat]
+  if u_paths != s_paths:
+    raise ValueError(
+        f"The tree structure of {what} does not match the gradients: statistics have leaves "
+        f"{[jax.tree_util.keystr(p) for p in s_paths][:8]}..., gradients have "
+        f"{[jax.tree_util.keystr(p) for p in u_paths][:8]}... Compute the statistics (with "
+        "ol.stacked_grad_stats / ol.all_reduce_grad_stats) from the same gradient pytree that "
+        "the optimizer receives."
+    )
+  selected = [s for (_, u), (_, s) in zip(u_flat, s_flat, strict=True) if not is_masked(u)]
+  if any(is_masked(s) for s in selected):
+    raise ValueError(f"{what} has no entry for some unmasked gradient leaves.")
+  return selected
+
+
+def map_active_indexed(fn: Any, tree: PyTree) -> PyTree:
+  """``fn(k, leaf)`` on the k-th active leaf; masked entries are kept as they are."""
+  flat, treedef = jax.tree.flatten(tree, is_leaf=is_masked)
+  out, k = [], 0
+  for leaf in flat:
+    if is_masked(leaf):
+      out.append(leaf)
+    else:
+      out.append(fn(k, leaf))
+      k += 1
+  return jax.tree.unflatten(treedef, out)
+
+
+def map_active(fn: Any, tree: PyTree) -> PyTree:
+  """``fn(leaf)`` on every active leaf; masked entries are kept as they are."""
+  return map_active_indexed(lambda _, leaf: fn(leaf), tree)

@@ -1,0 +1,162 @@
+"""Warm-ups: LENA's layer-wise state-aware warm-up and the fixed linear warm-up of LSW.
+
+Both count *single-worker iterations* ("base steps"), so that a warm-up length tuned for the
+base batch carries over to any S. Both advance their progress first and then scale, so no update
+has rate 0 (docs/LENA.md, Step 5 and the LSW baseline).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_lena._src import checks, gain_ratio, stats, tree_utils
+from optax_lena._src import grouping as grouping_lib
+
+PyTree = Any
+
+
+class LayerwiseWarmupState(NamedTuple):
+  """State of :func:`layerwise_warmup`.
+
+  Attributes:
+    ratio_state: the warm-up's own copy of its rule's gain-ratio state (see the note in
+      :func:`layerwise_warmup`).
+    progress: ``P_k`` per leaf, in single-worker iterations.
+    factor: the warm-up factor of the last update per leaf, ``min(P_k / theta, 1)``.
+    end_step: per leaf, the 1-based index of the first update at full rate (``P_k > theta``),
+      or -1 while the layer is still warming up (the paper's Figure 7).
+  """
+
+  ratio_state: gain_ratio.GainRatioState
+  progress: jax.Array
+  factor: jax.Array
+  end_step: jax.Array
+
+
+def layerwise_warmup(
+    warmup_threshold: float,
+    *,
+    rule: str | gain_ratio.GainRatioRule = "lena",
+    beta: float | None = None,
+    eps: float | None = None,
+    grouping: grouping_lib.Grouping = None,
+    num_samples: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """LENA's layer-wise state-aware warm-up (Eqs. 6-7, Algorithm 1 lines 17-21).
+
+  Every update, each layer first advances its progress by its gain ratio, ``P_k <- P_k + r_k``
+  (the number of single-worker iterations the update is worth), then its update is multiplied
+  by ``P_k / theta`` while ``P_k <= theta``. Layers whose gradients are noisy (large ratio)
+  therefore finish their warm-up early and low-noise layers keep warming up.
+
+  An Optax chain only passes updates from one transformation to the next, so the warm-up keeps
+  its own copy of the rule's moving averages (two floats per leaf) and recomputes the ratio
+  with the same shared core; give it the same rule as the scaling transformation. Under a
+  global rule the progress advances by that rule's ratio (S for linear scaling, R for AdaScale).
+
+  Args:
+    warmup_threshold: theta, in single-worker iterations (``alpha * T1``; the paper's alpha is
+      5% of the single-worker run's iterations).
+    rule: ``"lena"``, ``"adascale"``, ``"linear"`` or a :class:`GainRatioRule`; must match the
+      scaling rule it is chained with.
+    beta: moving-average weight of the rule; ``None`` means ``min(S / 1000, 1)``.
+    eps: stabiliser of the rule's ratio; ``None`` means the rule's default 1e-6.
+    grouping: the rule's grouping (``"lena"`` only).
+    num_samples: the S the statistics must have, or ``None``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Ko, Lee and Kim, WWW 2022, Section 3.3.
+  """
+  checks.check_warmup_threshold(warmup_threshold)
+  rule = gain_ratio.rule_from_name(
+      rule, beta=beta, eps=eps, grouping=grouping, num_samples=num_samples
+  )
+
+  def init_fn(params):
+    ratio_state = gain_ratio.init_gain_ratio_state(params)
+    n = ratio_state.ratio.shape[0]
+    return LayerwiseWarmupState(
+        ratio_state=ratio_state,
+        progress=jnp.zeros((n,), jnp.float32),
+        factor=jnp.zeros((n,), jnp.float32),
+        end_step=jnp.full((n,), -1, jnp.int32),
+    )
+
+  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    del params, extra_args
+    ratio_state = gain_ratio.advance_gain_ratio(state.ratio_state, rule, updates, grad_stats)
+    progress = state.progress + ratio_state.ratio
+    warming = progress <= warmup_threshold
+    factor = jnp.where(warming, progress / warmup_threshold, 1.0).astype(jnp.float32)
+    end_step = jnp.where((state.end_step < 0) & ~warming, ratio_state.count, state.end_step)
+    new_state = LayerwiseWarmupState(ratio_state, progress, factor, end_step)
+    return gain_ratio.scale_active_leaves(updates, factor), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class FixedWarmupState(NamedTuple):
+  """State of :func:`fixed_warmup`: base steps seen (int32) and the last factor."""
+
+  base_steps: jax.Array
+  factor: jax.Array
+
+
+def num_samples_of(grad_stats: stats.GradStats | None, num_samples: int | None, who: str) -> int:
+  """S from the statistics when given (checked against ``num_samples``), else ``num_samples``."""
+  if grad_stats is None:
+    if num_samples is None:
+      raise ValueError(
+          f"{who} counts base steps t * S and needs S: pass grad_stats=stats (from "
+          "ol.stacked_grad_stats / ol.all_reduce_grad_stats) to update, or build it with "
+          "num_samples=S."
+      )
+    return num_samples
+  checks.check_grad_stats(grad_stats, num_samples)
+  return grad_stats.num_samples
+
+
+def fixed_warmup(
+    warmup_steps: float, *, num_samples: int | None = None
+) -> optax.GradientTransformationExtraArgs:
+  """The fixed linear warm-up of LSW, counted in base steps.
+
+  The update with index t (1 at the first update) is multiplied by ``min(t * S / W, 1)``.
+
+  Args:
+    warmup_steps: W, the warm-up length in single-worker iterations (the paper: 5.5% of the
+      base steps of training); 0 disables it.
+    num_samples: S, needed only when no ``grad_stats`` are passed to update.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+  """
+  checks.check_warmup_steps(warmup_steps)
+  checks.check_num_samples(num_samples)
+
+  def init_fn(params):
+    del params
+    return FixedWarmupState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.float32))
+
+  def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    del params, extra_args
+    s = num_samples_of(grad_stats, num_samples, "fixed_warmup")
+    base_steps = state.base_steps + s
+    safe_w = jnp.maximum(jnp.asarray(warmup_steps, jnp.float32), 1e-30)
+    factor = jnp.where(
+        jnp.asarray(warmup_steps) > 0, jnp.minimum(base_steps / safe_w, 1.0), 1.0
+    ).astype(jnp.float32)
+    updates = tree_utils.map_active(lambda u: (u * factor).astype(u.dtype), updates)
+    return updates, FixedWarmupState(base_steps, factor)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
