@@ -12,6 +12,7 @@ never pay for, or get their devices touched by, a TensorFlow import.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -210,10 +211,9 @@ def _import_tf() -> tuple[Any, Any]:
     import tensorflow_datasets as tfds
 
     # TF would otherwise grab (all of) the GPU memory that JAX needs; the pipeline is CPU-only.
-    try:
+    # RuntimeError: TF's devices were already initialised (e.g. hidden by an earlier call).
+    with contextlib.suppress(RuntimeError):
         tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        pass  # TF's devices are already initialised (e.g. set earlier): nothing to do.
     return tf, tfds
 
 

@@ -1,7 +1,7 @@
 """Independent float64 NumPy reference of LENA (docs/LENA.md, steps 1-6) and its baselines.
 
-Written from the specification only, never from the library's code, so that `test_numerics.py` can
-check the float32 JAX library against it. Everything is float64 and deliberately loop-based and plain:
+Written from the specification only, never from the library's code, so that `test_numerics.py`
+can check the float32 JAX library against it. Everything is float64 and deliberately plain:
 readability over speed, the layers here are small.
 
 Conventions (from docs/LENA.md and the test brief):
@@ -9,17 +9,20 @@ Conventions (from docs/LENA.md and the test brief):
 * ``t`` is the 1-based update index: ``t = 1`` at the first update.
 * Statistics per layer k (Eq. 4): ``top_k = mean_i ||g_ik||^2`` and ``bot_k = ||mean_i g_ik||^2``.
 * EMAs (Eq. 8) start at 0 with weight ``beta`` (default ``min(S / 1000, 1)``).
-* Layer-wise ratio ``r = clip((A + eps) / (D + eps), 1, S)``; with ``groups`` A, D, r (and the warm-up
-  progress) are per group, built from the sums of the member layers' ``top`` / ``bot``.
-* Global AdaScale ratio ``R = clip((sum_k A_k + eps) / (sum_k D_k + eps), 1, S)``, always computed.
-* Scaling rules: ``'linear'`` (ratio S), ``'adascale'`` (ratio R), ``'lena'`` (ratio r per layer/group).
+* Layer-wise ratio ``r = clip((A + eps) / (D + eps), 1, S)``; with ``groups`` A, D, r (and the
+  warm-up progress) are per group, built from the sums of the member layers' ``top`` / ``bot``.
+* Global AdaScale ratio ``R = clip((sum_k A_k + eps) / (sum_k D_k + eps), 1, S)``, always
+  computed.
+* Scaling rules: ``'linear'`` (ratio S), ``'adascale'`` (ratio R), ``'lena'`` (ratio r per layer
+  or group).
 * Warm-ups: ``'none'``; ``'fixed'`` (factor ``min(t * S / W, 1)``, W in base steps);
   ``'state_aware'`` (``P += ratio`` first, then factor ``P / theta`` if ``P <= theta`` else 1).
-  The warm-up end step of a layer is the 1-based index of the first update whose factor is 1
-  (-1 until then).
-* Learning rate ``eta_k = ratio_k * lr0 * schedule(clock) * factor_k``; the schedule is a multiplier on
-  ``lr0`` evaluated at ``t - 1`` (clock ``'updates'``, the Optax count convention) or at
-  ``(t - 1) * S`` (clock ``'samples'``, base steps seen before this update).
+  The warm-up end step of a layer (state-aware warm-up only, LENA.md step 5) is the 1-based index
+  of the first update whose factor is 1; -1 until then and always -1 for the other warm-ups, whose
+  progress is reported as 0 (the library's convention for ``ol.diagnostics``).
+* Learning rate ``eta_k = ratio_k * lr0 * schedule(clock) * factor_k``; the schedule is a
+  multiplier on ``lr0`` evaluated at ``t - 1`` (clock ``'updates'``, the Optax count convention)
+  or at ``(t - 1) * S`` (clock ``'samples'``, base steps seen before this update).
 * Update (PyTorch momentum SGD, coupled weight decay): ``d = gbar + wd * w``, ``m = mu * m + d``,
   ``w = w - eta_k * m``.
 """
@@ -38,7 +41,7 @@ CLOCKS = ("updates", "samples")
 
 @dataclass(frozen=True)
 class StepRecord:
-    """Everything the reference knows after one update (per-layer arrays have one entry per layer)."""
+    """Everything the reference knows after one update (per-layer arrays: one entry per layer)."""
 
     step: int  # 1-based update index t
     num_samples: int  # S
@@ -50,15 +53,15 @@ class StepRecord:
     lena_ratio: np.ndarray  # clipped per-layer (or per-group) ratio r_k, whatever the rule
     gain_ratio: np.ndarray  # ratio the rule applies: S (linear), R (adascale) or r_k (lena)
     global_ratio: float  # clipped AdaScale ratio R
-    warmup_progress: np.ndarray  # P_k (state-aware), t * S (fixed, base steps), 0 (none)
+    warmup_progress: np.ndarray  # P_k (state-aware), 0 for the other warm-ups
     warmup_factor: np.ndarray  # factor in (0, 1]
     lr_multiplier: np.ndarray  # gain_ratio * warmup_factor
-    warmup_end_step: np.ndarray  # int, first update whose factor is 1, -1 until then
+    warmup_end_step: np.ndarray  # state-aware: first update whose factor is 1; else -1
     params: list[np.ndarray]  # parameters after the update
 
 
 class ReferenceOptimizer:
-    """Float64 reference of the LENA ablation grid {linear, adascale, lena} x {none, fixed, state_aware}.
+    """Float64 reference of the ablation grid {linear, adascale, lena} x {none, fixed, state_aware}.
 
     Args:
       rule: ``'linear'``, ``'adascale'`` or ``'lena'``.
@@ -118,9 +121,9 @@ class ReferenceOptimizer:
         self.history: list[StepRecord] = []
         self._group_of: np.ndarray | None = None  # layer index -> group index
         self._num_groups = 0
-        self._A: np.ndarray | None = None
-        self._D: np.ndarray | None = None
-        self._P: np.ndarray | None = None
+        self._a_ema: np.ndarray | None = None
+        self._d_ema: np.ndarray | None = None
+        self._progress: np.ndarray | None = None
         self._end: np.ndarray | None = None
         self._m: list[np.ndarray] | None = None
 
@@ -136,9 +139,9 @@ class ReferenceOptimizer:
         ids: dict[Hashable, int] = {}
         self._group_of = np.array([ids.setdefault(lab, len(ids)) for lab in labels])
         self._num_groups = len(ids)
-        self._A = np.zeros(self._num_groups)
-        self._D = np.zeros(self._num_groups)
-        self._P = np.zeros(self._num_groups)
+        self._a_ema = np.zeros(self._num_groups)
+        self._d_ema = np.zeros(self._num_groups)
+        self._progress = np.zeros(self._num_groups)
         self._end = np.full(self._num_groups, -1, dtype=np.int64)
         self._m = [np.zeros(np.shape(w), dtype=np.float64) for w in params]
 
@@ -157,8 +160,8 @@ class ReferenceOptimizer:
         if self._m is None:
             self._init_state(params)
         assert self._group_of is not None and self._m is not None
-        assert self._A is not None and self._D is not None
-        assert self._P is not None and self._end is not None
+        assert self._a_ema is not None and self._d_ema is not None
+        assert self._progress is not None and self._end is not None
         self.t += 1
         t = self.t
         gof = self._group_of
@@ -173,13 +176,14 @@ class ReferenceOptimizer:
 
         # Step 2 (Eq. 8): EMAs from 0.
         beta = min(S / 1000.0, 1.0) if self.beta is None else float(self.beta)
-        self._A = beta * top_g + (1.0 - beta) * self._A
-        self._D = beta * bot_g + (1.0 - beta) * self._D
+        self._a_ema = beta * top_g + (1.0 - beta) * self._a_ema
+        self._d_ema = beta * bot_g + (1.0 - beta) * self._d_ema
 
         # Step 3: clipped ratios, layer-wise and the global AdaScale one.
         with np.errstate(divide="ignore"):  # eps = 0 with D = 0 gives inf, clipped to S
-            r_g = np.clip((self._A + self.eps) / (self._D + self.eps), 1.0, S)
-            R = float(np.clip((self._A.sum() + self.eps) / (self._D.sum() + self.eps), 1.0, S))
+            r_g = np.clip((self._a_ema + self.eps) / (self._d_ema + self.eps), 1.0, S)
+            total = (self._a_ema.sum() + self.eps) / (self._d_ema.sum() + self.eps)
+            R = float(np.clip(total, 1.0, S))
         if self.rule == "linear":
             ratio_g = np.full(self._num_groups, float(S))
         elif self.rule == "adascale":
@@ -191,22 +195,19 @@ class ReferenceOptimizer:
         if self.warmup == "none":
             factor_g = np.ones(self._num_groups)
             progress_g = np.zeros(self._num_groups)
-            done_g = np.ones(self._num_groups, dtype=bool)
         elif self.warmup == "fixed":
             assert self.warmup_steps is not None
             base_steps = t * S
             factor_g = np.full(self._num_groups, min(base_steps / self.warmup_steps, 1.0))
-            progress_g = np.full(self._num_groups, float(base_steps))
-            done_g = np.full(self._num_groups, base_steps >= self.warmup_steps)
+            progress_g = np.zeros(self._num_groups)
         else:
             assert self.warmup_threshold is not None
             theta = float(self.warmup_threshold)
-            self._P = self._P + ratio_g
-            factor_g = np.where(self._P <= theta, self._P / theta, 1.0)
-            progress_g = self._P.copy()
+            self._progress = self._progress + ratio_g
+            factor_g = np.where(self._progress <= theta, self._progress / theta, 1.0)
+            progress_g = self._progress.copy()
             # P == theta gives factor exactly 1, P > theta gives 1: both end the warm-up.
-            done_g = self._P >= theta
-        self._end = np.where((self._end < 0) & done_g, t, self._end)
+            self._end = np.where((self._end < 0) & (self._progress >= theta), t, self._end)
 
         # Step 4: learning rate, with the schedule on the chosen clock.
         if self.schedule is None:
