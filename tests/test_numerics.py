@@ -174,9 +174,10 @@ def make_reference(rule: str, warmup: str, **kwargs: Any) -> ReferenceOptimizer:
     return ReferenceOptimizer(rule, warmup, **kwargs)
 
 
-# float32 tolerances. The ratios are quotients of float32 EMAs of float32 squared norms of a few
-# hundred elements: relative error ~1e-6. Parameters (|w| up to ~10) accumulate ~40 float32
-# roundings and the ratio error of every update.
+# float32 tolerances, fixed a priori. The ratios are quotients of float32 EMAs of float32 squared
+# norms of a few hundred elements: relative error ~1e-6 (measured: <= 9e-7). Parameters (|w| up
+# to ~40 under linear scaling) accumulate 40 float32 roundings and the ratio error of every
+# update (measured: <= 6% of the parameter tolerance below).
 RATIO_RTOL = 1e-5
 PARAM_RTOL = 1e-5
 PARAM_ATOL = 1e-5
@@ -185,32 +186,22 @@ PARAM_ATOL = 1e-5
 def assert_trajectories_match(
     lib: list[tuple[list[np.ndarray], dict[str, np.ndarray]]],
     ref: list[StepRecord],
-    *,
-    check_progress: bool,
-    check_end_steps: bool,
 ) -> None:
-    """Compares every update; failures name the update and the layer."""
+    """Compares every update; failures name the update (and the layer order)."""
     assert len(lib) == len(ref)
     for (params, d), r in zip(lib, ref, strict=True):
-        at = f"update t={r.step}, layers {PATHS if len(r.gain_ratio) == len(PATHS) else ''}"
-        for key in ("gain_ratio", "warmup_factor", "lr_multiplier"):
+        at = f"update t={r.step}, layers {PATHS}"
+        for key in ("gain_ratio", "warmup_factor", "warmup_progress", "lr_multiplier"):
             np.testing.assert_allclose(
                 d[key], getattr(r, key), rtol=RATIO_RTOL, atol=0, err_msg=f"{key} at {at}"
             )
         np.testing.assert_allclose(
             d["global_ratio"], r.global_ratio, rtol=RATIO_RTOL, err_msg=f"global_ratio at {at}"
         )
-        if check_progress:
-            np.testing.assert_allclose(
-                d["warmup_progress"],
-                r.warmup_progress,
-                rtol=RATIO_RTOL,
-                err_msg=f"warmup_progress at {at}",
-            )
-        if check_end_steps:
-            np.testing.assert_array_equal(
-                d["warmup_end_step"], r.warmup_end_step, err_msg=f"warmup_end_step at {at}"
-            )
+        # Integer update indices: exact.
+        np.testing.assert_array_equal(
+            d["warmup_end_step"], r.warmup_end_step, err_msg=f"warmup_end_step at {at}"
+        )
         assert int(d["num_skipped_steps"]) == 0, at
         for k, (w_lib, w_ref) in enumerate(zip(params, r.params, strict=True)):
             np.testing.assert_allclose(
@@ -373,7 +364,7 @@ def test_rule_warmup_grid_matches_reference(rule: str, warmup: str) -> None:
         if rule == "lena":
             assert len(set(ends.tolist())) >= 4, ends  # ... at its own time
 
-    assert_trajectories_match(lib, ref, check_progress=True, check_end_steps=True)
+    assert_trajectories_match(lib, ref)
 
 
 GROUPINGS: dict[str, tuple[Any, Callable[[tuple[str, ...]], Hashable]]] = {
@@ -399,7 +390,7 @@ def test_grouping_matches_reference(grouping: str) -> None:
     ref = run_reference(make_reference("lena", "state_aware", groups=groups), params, grads)
     lib = run_library(make_library_tx("lena", "state_aware", grouping=lib_grouping), params, grads)
     assert_state_aware_well_posed(ref, THETA)
-    assert_trajectories_match(lib, ref, check_progress=True, check_end_steps=True)
+    assert_trajectories_match(lib, ref)
 
 
 @pytest.mark.parametrize("clock", ["updates", "samples"])
@@ -417,7 +408,7 @@ def test_schedule_clock_matches_reference(clock: str) -> None:
         params,
         grads,
     )
-    assert_trajectories_match(lib, ref, check_progress=True, check_end_steps=True)
+    assert_trajectories_match(lib, ref)
     # Guard: the two clocks really give different rates (the last update decays to ~0.012 on
     # samples, ~0.89 on updates), so a library ignoring `clock` fails one of the two cases.
     assert ref[-1].learning_rate == pytest.approx(
@@ -429,7 +420,7 @@ def test_explicit_beta_matches_reference() -> None:
     params, grads = main_problem()
     ref = run_reference(make_reference("lena", "state_aware", beta=0.3), params, grads)
     lib = run_library(make_library_tx("lena", "state_aware", beta=0.3), params, grads)
-    assert_trajectories_match(lib, ref, check_progress=True, check_end_steps=True)
+    assert_trajectories_match(lib, ref)
     # Guard: beta = 0.3 changes the ratios visibly against the default 0.008.
     default = run_reference(make_reference("lena", "state_aware"), params, grads)
     assert not np.allclose([r.gain_ratio for r in ref], [r.gain_ratio for r in default])
@@ -460,7 +451,7 @@ def test_warmup_end_step_when_progress_equals_theta() -> None:
     ref = run_reference(make_reference("linear", "state_aware", **kwargs), params, grads[:5])
     lib = run_library(make_library_tx("linear", "state_aware", **kwargs), params, grads[:5])
     assert ref[-1].warmup_end_step.tolist() == [3] * len(PATHS)
-    assert_trajectories_match(lib, ref, check_progress=True, check_end_steps=True)
+    assert_trajectories_match(lib, ref)
 
 
 @pytest.mark.parametrize("rule", ["linear", "adascale", "lena"])
