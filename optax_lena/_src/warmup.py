@@ -27,7 +27,7 @@ class LayerwiseWarmupState(NamedTuple):
       :func:`layerwise_warmup`).
     progress: ``P_k`` per leaf, in single-worker iterations.
     factor: the warm-up factor of the last update per leaf, ``min(P_k / theta, 1)``.
-    end_step: per leaf, the 1-based index of the first update at full rate (``P_k > theta``),
+    end_step: per leaf, the 1-based index of the first update at full rate (``P_k >= theta``),
       or -1 while the layer is still warming up (the paper's Figure 7).
   """
 
@@ -95,7 +95,9 @@ def layerwise_warmup(
     progress = state.progress + ratio_state.ratio
     warming = progress <= warmup_threshold
     factor = jnp.where(warming, progress / warmup_threshold, 1.0).astype(jnp.float32)
-    end_step = jnp.where((state.end_step < 0) & ~warming, ratio_state.count, state.end_step)
+    # The warm-up ends at the first update at full rate: P_k = theta already gives factor 1.
+    at_full_rate = progress >= warmup_threshold
+    end_step = jnp.where((state.end_step < 0) & at_full_rate, ratio_state.count, state.end_step)
     new_state = LayerwiseWarmupState(ratio_state, progress, factor, end_step)
     return gain_ratio.scale_active_leaves(updates, factor), new_state
 
