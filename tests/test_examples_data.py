@@ -5,6 +5,7 @@ No data are downloaded: MNIST-1D is generated locally, CIFAR runs on `tfds.testi
 is imported inside the CIFAR tests only, so collecting this module does not import it.
 """
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -283,6 +284,17 @@ def test_cifar_train_augmentation_is_pad_crop_flip() -> None:
     assert any(t != (4, 4, False) for t in transforms)  # augmentation changed some images
     assert len(set(transforms)) > 5  # ... with varying offsets
     assert {t[2] for t in transforms} == {False, True}  # ... and both flip states
+
+
+def test_mnist1d_path_does_not_import_tensorflow(tmp_path: Path) -> None:
+    # In a fresh interpreter: this process may already have imported TensorFlow.
+    code = (
+        "import sys\n"
+        "from examples import input_pipeline as ip\n"
+        f"ip.load_mnist1d({str(tmp_path)!r}, num_samples=100)\n"
+        "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=_REPO_ROOT, check=True, timeout=120)
 
 
 def test_cifar_unknown_names() -> None:
