@@ -23,14 +23,14 @@ def stats_for(params, s=8, seed=0):
 ])
 def test_missing_grad_stats_names_the_functions(tx):
   mean, _ = stats_for(PARAMS)
-  with pytest.raises(ValueError, match="stacked_grad_stats.*all_reduce_grad_stats"):
+  with pytest.raises(ValueError, match=r"stacked_grad_stats.*all_reduce_grad_stats"):
     tx.update(mean, tx.init(PARAMS), PARAMS)
 
 
 def test_wrong_grad_stats_type():
   mean, _ = stats_for(PARAMS)
   tx = ol.lena(0.1)
-  with pytest.raises(TypeError, match="ol.GradStats"):
+  with pytest.raises(TypeError, match=r"ol\.GradStats"):
     tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats={"w": 1.0, "b": 1.0})
 
 
@@ -48,7 +48,7 @@ def test_mismatched_statistics_structure_raises_at_trace_time():
 def test_state_initialised_for_other_params():
   mean, stats = stats_for(PARAMS)
   tx = ol.scale_by_lena()
-  with pytest.raises(ValueError, match="call tx.init with the same parameter tree"):
+  with pytest.raises(ValueError, match=r"call tx\.init with the same parameter tree"):
     tx.update(mean, tx.init({"w": jnp.ones(2)}), PARAMS, grad_stats=stats)
 
 
@@ -68,7 +68,7 @@ def test_non_positive_learning_rate(bad):
 
 @pytest.mark.parametrize("bad", [0.0, -3.0])
 def test_non_positive_warmup_threshold(bad):
-  with pytest.raises(ValueError, match="warmup_threshold must be positive.*None"):
+  with pytest.raises(ValueError, match=r"warmup_threshold must be positive.*None"):
     ol.lena(0.1, warmup_threshold=bad)
   with pytest.raises(ValueError, match="warmup_threshold must be positive"):
     ol.layerwise_warmup(bad)
