@@ -324,3 +324,28 @@ def test_diagnostics_is_jittable_and_reports_noise_scale():
   np.testing.assert_allclose(d["noise_scale"], tr_sigma / g2, rtol=1e-4)
   np.testing.assert_allclose(d["lr_multiplier"], d["gain_ratio"] * d["warmup_factor"])
   assert int(d["num_updates"]) == 4 and int(d["num_samples"]) == 8
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ol.lena(0.1, warmup_threshold=5.0), lambda: ol.adascale(0.1, warmup_steps=10),
+    lambda: ol.linear_scaling(0.1, clock="samples"),
+])
+def test_state_can_be_donated_to_a_jitted_step(make):
+  """Every state field is its own buffer, so `donate_argnums` works (a shared zero array made
+  XLA abort with 'donate the same buffer twice')."""
+  tx = make()
+  params = params_tree()
+  state = tx.init(params)
+  leaves = jax.tree.leaves(state)
+  assert len({id(x) for x in leaves}) == len(leaves)
+
+  def step(params, state, stacked):
+    mean, stats = ol.stacked_grad_stats(stacked)
+    updates, state = tx.update(mean, state, params, grad_stats=stats)
+    return optax.apply_updates(params, updates), state
+
+  donated = jax.jit(step, donate_argnums=(0, 1))
+  params = jax.tree.map(jnp.copy, params)
+  for t in range(3):
+    params, state = donated(params, state, worker_grads(8, t))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))

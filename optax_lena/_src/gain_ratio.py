@@ -122,11 +122,11 @@ def rule_from_name(
 
 def init_gain_ratio_state(params: PyTree) -> GainRatioState:
   n = len(tree_utils.active_leaves_with_path(params))
-  zeros = jnp.zeros((n,), jnp.float32)
+  # Distinct arrays for every field: a shared buffer could not be donated to a jitted step.
   return GainRatioState(
       count=jnp.zeros([], jnp.int32),
-      sq_norm_mean_avg=zeros,
-      mean_grad_sq_norm_avg=zeros,
+      sq_norm_mean_avg=jnp.zeros((n,), jnp.float32),
+      mean_grad_sq_norm_avg=jnp.zeros((n,), jnp.float32),
       ratio=jnp.ones((n,), jnp.float32),
       global_ratio=jnp.ones([], jnp.float32),
       num_samples=jnp.zeros([], jnp.int32),
