@@ -274,3 +274,37 @@ def test_lena_trains_inside_pmap_with_optax_update_loop():
     losses.append(float(loss[0]))
   assert losses[-1] < losses[0]
   assert int(ol.diagnostics(opt_state)["num_updates"]) == 15
+
+
+def test_shard_map_with_vma_checking_needs_varying_params():
+  """shard_map's default check_vma=True: jax.grad w.r.t. replicated params returns gradients
+  already summed over devices. That must raise, and pcast-ing the params must work, with
+  accumulation too."""
+  k, b = 2, 4
+  params = _mlp_params()
+  x, y = _batches(NUM_DEVICES * k, b)
+  mesh = auto_mesh((NUM_DEVICES,), ("batch",))
+  per_device = (x.reshape(NUM_DEVICES, k, b, -1), y.reshape(NUM_DEVICES, k, b, 1))
+
+  def reduced_by_grad(params, batches):
+    grads = jax.grad(_loss)(params, jax.tree.map(lambda t: t[0, 0], batches))
+    return ol.all_reduce_grad_stats(grads, "batch")
+
+  with pytest.raises(ValueError, match=r"already reduced.*pcast"):
+    jax.jit(jax.shard_map(reduced_by_grad, mesh=mesh, in_specs=(P(), P("batch")),
+                          out_specs=P()))(params, per_device)
+
+  def varying(params, batches):
+    params = jax.lax.pcast(params, "batch", to="varying")
+    _, grads, stats = ol.accumulate_grad_stats(_loss, params, jax.tree.map(lambda t: t[0],
+                                                                             batches))
+    return ol.all_reduce_grad_stats(grads, "batch", local_stats=stats)
+
+  mean, stats = jax.jit(jax.shard_map(varying, mesh=mesh, in_specs=(P(), P("batch")),
+                                      out_specs=P()))(params, per_device)
+  ref_mean, ref_stats = ol.stacked_grad_stats(
+      jax.vmap(jax.grad(_loss), in_axes=(None, 0))(params, (x, y)))
+  assert stats.num_samples == NUM_DEVICES * k
+  assert_stats_close(stats, ref_stats, rtol=1e-5)
+  for a, r in zip(jax.tree.leaves(mean), jax.tree.leaves(ref_mean), strict=True):
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)

@@ -134,12 +134,47 @@ def stacked_grad_stats(
   return mean_grads, GradStats(cast(sq_norm_mean), num_samples, cast(mean_sq))
 
 
+def _axis_names(axis_name: AxisName) -> tuple[Hashable, ...]:
+  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
 def _axis_size(axis_name: AxisName) -> int:
-  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
   size = 1
-  for name in names:
+  for name in _axis_names(axis_name):
     size *= jax.lax.axis_size(name)
   return size
+
+
+def varying_axes(x: Any) -> frozenset:
+  """The mesh axes along which ``x`` varies under ``shard_map(check_vma=True)``; empty
+  elsewhere (``pmap``, ``check_vma=False``) and on JAX versions without that typing."""
+  aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+  vma = getattr(aval, "vma", None)
+  if vma is None:
+    vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+  return frozenset(vma or ())
+
+
+def _check_not_reduced(local_grads: PyTree, axis_name: AxisName) -> None:
+  """Rejects gradients that are already summed over the data-parallel axes.
+
+  Under ``shard_map`` with ``check_vma=True`` (the default), ``jax.grad`` with respect to
+  replicated (invariant) parameters returns the gradient already summed over devices: the
+  per-worker gradients, and with them the statistics, are gone. ``axis_index`` tells whether
+  that typing is active (it varies along its axis only then).
+  """
+  for name in _axis_names(axis_name):
+    if name not in varying_axes(jax.lax.axis_index(name)):
+      continue
+    reduced = [x for x in jax.tree.leaves(local_grads) if name not in varying_axes(x)]
+    if reduced:
+      raise ValueError(
+          f"all_reduce_grad_stats got gradients that are already reduced over axis {name!r}: "
+          "inside shard_map with check_vma=True, jax.grad with respect to replicated params "
+          "sums the gradients across devices, so the per-worker gradients are lost. "
+          f"Differentiate with respect to jax.lax.pcast(params, {axis_name!r}, to='varying') "
+          "(or use shard_map(..., check_vma=False))."
+      )
 
 
 def all_reduce_grad_stats(
@@ -167,6 +202,7 @@ def all_reduce_grad_stats(
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
   num_workers = _axis_size(axis_name)
+  _check_not_reduced(local_grads, axis_name)
   if local_stats is None:
     local_sq = jax.tree.map(sq_norm, local_grads)
     local_samples = 1
@@ -233,14 +269,18 @@ def accumulate_grad_stats(
 
   acc_dtype = lambda x: jnp.promote_types(jnp.result_type(x), jnp.float32)
   zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x))
-  value_shape = jax.eval_shape(
-      grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), *args
-  )[0]
+  value_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches),
+                               *args)[0]
   init = (
       jax.tree.map(zeros, params),
       jnp.zeros((len(jax.tree.leaves(params)),), jnp.float32),
       jax.tree.map(zeros, value_shape),
   )
+  # Under shard_map(check_vma=True) the body's outputs vary across devices while the zeros do
+  # not; scan needs the carry's types to match, so give the zeros the body's varying axes.
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  carry_types = jax.eval_shape(step, init, first)[0]
+  init = jax.tree.map(_cast_varying_like, init, carry_types)
   (grad_sum, sq_sum, value_sum), _ = jax.lax.scan(step, init, micro_batches)
   mean_grads32 = jax.tree.map(lambda s: s / k, grad_sum)
   mean_grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), mean_grads32, params)
@@ -249,3 +289,8 @@ def accumulate_grad_stats(
   stats = GradStats(sq_norm_mean, k, jax.tree.map(sq_norm, mean_grads32))
   value = jax.tree.map(lambda s, v: (s / k).astype(v.dtype), value_sum, value_shape)
   return value, mean_grads, stats
+
+
+def _cast_varying_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
+  axes = tuple(sorted(varying_axes(like) - varying_axes(x), key=str))
+  return jax.lax.pcast(x, axes, to="varying") if axes else x
