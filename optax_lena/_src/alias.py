@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import optax
 
 from optax_lena._src import checks, gain_ratio, nonfinite, schedule, warmup
@@ -47,7 +48,7 @@ def large_batch_sgd(
   checks.check_learning_rate(learning_rate)
   checks.check_warmup_steps(warmup_steps)
   schedule.check_clock(clock)
-  if warmup_threshold is not None and not _is_zero(warmup_steps):
+  if warmup_threshold is not None and _may_be_nonzero(warmup_steps):
     raise ValueError(
         "Choose one warm-up: warmup_threshold (state-aware, layer-wise) or warmup_steps (fixed "
         "linear), not both."
@@ -56,7 +57,7 @@ def large_batch_sgd(
   if not _is_zero(weight_decay):
     blocks.append(optax.add_decayed_weights(weight_decay))
   if momentum is not None and not _is_zero(momentum):
-    blocks.append(optax.trace(decay=momentum, nesterov=nesterov))
+    blocks.append(_momentum(momentum, nesterov))
   blocks.append(gain_ratio.scale_by_gain_ratio(rule))
   if warmup_threshold is not None:
     blocks.append(warmup.layerwise_warmup(warmup_threshold, rule=rule))
@@ -64,6 +65,32 @@ def large_batch_sgd(
     blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples))
   blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock))
   return nonfinite.skip_nonfinite_steps(optax.chain(*blocks))
+
+
+def _momentum(decay: float, nesterov: bool) -> optax.GradientTransformation:
+  """``optax.trace`` (same state, same values) that reads its updates from the buffer it keeps.
+
+  Inside :func:`skip_nonfinite_steps` the new buffer is selected here rather than by the
+  wrapper, so that the momentum XLA writes is the one the parameter update reads (see
+  ``nonfinite.keep_state_on_skipped_step``); on a skipped step the buffer is unchanged, as before,
+  and the updates are zeroed by the wrapper.
+  """
+  base = optax.trace(decay=decay)
+
+  def update_fn(updates, state, params=None):
+    _, new_state = base.update(updates, state, params)
+    trace = nonfinite.keep_state_on_skipped_step(new_state.trace, state.trace)
+    updates = jax.tree.map(lambda g, t: g + decay * t, updates, trace) if nesterov else trace
+    return updates, optax.TraceState(trace=trace)
+
+  return optax.GradientTransformation(base.init, update_fn)
+
+
+def _may_be_nonzero(x: Any) -> bool:
+  """False for a concrete 0 (also the array 0 that optax.inject_hyperparams makes of the default
+  warmup_steps=0) and for a traced value (inject_hyperparams' init saw it concrete)."""
+  value = checks.concrete_value(x)
+  return value is not None and value != 0
 
 
 def _is_zero(x: Any) -> bool:

@@ -12,7 +12,12 @@ import jax
 import numpy as np
 
 
-def _concrete(x: Any) -> float | None:
+def _require(x: Any, name: str, what: str) -> None:
+  if x is None:
+    raise ValueError(f"{name} must be {what}, got None.")
+
+
+def concrete_value(x: Any) -> float | None:
   """The value of a concrete scalar hyper-parameter, or None for tracers and callables."""
   if isinstance(x, jax.core.Tracer) or callable(x):
     return None
@@ -23,7 +28,8 @@ def _concrete(x: Any) -> float | None:
 
 
 def check_learning_rate(learning_rate: Any) -> None:
-  value = _concrete(learning_rate)
+  _require(learning_rate, "learning_rate", "a positive float or an Optax schedule")
+  value = concrete_value(learning_rate)
   if value is not None and not value > 0:
     raise ValueError(
         f"learning_rate must be positive, got {value}. It is the base rate eta0 of one worker at "
@@ -33,7 +39,9 @@ def check_learning_rate(learning_rate: Any) -> None:
 
 
 def check_warmup_threshold(warmup_threshold: Any) -> None:
-  value = _concrete(warmup_threshold)
+  _require(warmup_threshold, "warmup_threshold", "a positive float (to disable the state-aware "
+           "warm-up pass warmup_threshold=None to ol.lena / ol.adascale, not to layerwise_warmup)")
+  value = concrete_value(warmup_threshold)
   if value is not None and not value > 0:
     raise ValueError(
         f"warmup_threshold must be positive, got {value}. It is theta = alpha * T1 in "
@@ -43,7 +51,8 @@ def check_warmup_threshold(warmup_threshold: Any) -> None:
 
 
 def check_warmup_steps(warmup_steps: Any) -> None:
-  value = _concrete(warmup_steps)
+  _require(warmup_steps, "warmup_steps", "a number >= 0 (0 disables the fixed warm-up)")
+  value = concrete_value(warmup_steps)
   if value is not None and not value >= 0:
     raise ValueError(
         f"warmup_steps must be >= 0 (base steps, i.e. single-worker iterations), got {value}; "
@@ -52,7 +61,8 @@ def check_warmup_steps(warmup_steps: Any) -> None:
 
 
 def check_eps(eps: Any) -> None:
-  value = _concrete(eps)
+  _require(eps, "eps", "a number >= 0 (the paper uses 1e-6)")
+  value = concrete_value(eps)
   if value is not None and not value >= 0:
     raise ValueError(f"eps must be >= 0, got {value}; the paper uses 1e-6.")
 
@@ -60,7 +70,7 @@ def check_eps(eps: Any) -> None:
 def check_beta(beta: Any) -> None:
   if beta is None:
     return
-  value = _concrete(beta)
+  value = concrete_value(beta)
   if value is not None and not 0 < value <= 1:
     raise ValueError(
         f"beta (the moving-average weight of new statistics) must be in (0, 1], got {value}; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -26,6 +27,33 @@ class SkipNonFiniteState(NamedTuple):
   num_skipped: jax.Array
 
 
+# While skip_nonfinite_steps traces its inner update: (the "step is finite" flag, the state
+# leaves that inner transformations already kept on a skipped step, by id).
+_SKIP_CONTEXT: contextvars.ContextVar[tuple[jax.Array, dict[int, Any]] | None] = (
+    contextvars.ContextVar("optax_lena_skip_context", default=None)
+)
+
+
+def keep_state_on_skipped_step(new: PyTree, old: PyTree) -> PyTree:
+  """``where(finite, new, old)`` leaf-wise inside :func:`skip_nonfinite_steps`, else ``new``.
+
+  For inner transformations whose updates are read from their new state (e.g. a momentum
+  buffer): computing the updates from the value this returns makes the buffer XLA writes and
+  the buffer the updates read the same one. When only the wrapper selects, the updates need the
+  unselected value, so XLA recomputes it from the old buffer after (with donated buffers)
+  overwriting it: one more pass over the buffers, and two full copies of parameters and
+  momentum per step (4x the update time of optax.sgd on ResNet-18). The wrapper does not select
+  the returned leaves again. The values are the same as the wrapper's own selection.
+  """
+  context = _SKIP_CONTEXT.get()
+  if context is None:
+    return new
+  finite, kept = context
+  out = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  kept.update((id(x), x) for x in jax.tree.leaves(out))  # holds x: ids stay unique
+  return out
+
+
 def complete_grad_stats(updates: PyTree, grad_stats: stats.GradStats) -> stats.GradStats:
   """Fills ``mean_grad_sq_norm`` from the (raw, mean) gradients when the statistics lack it."""
   if grad_stats.mean_grad_sq_norm is not None:
@@ -41,7 +69,13 @@ def stats_are_finite(updates: PyTree, grad_stats: stats.GradStats) -> jax.Array:
   bot = tree_utils.select_like(
       grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
   )
-  total = jnp.sum(tree_utils.pack_scalars(top)) + jnp.sum(tree_utils.pack_scalars(bot))
+  # Summed as |x|, the same total for squared norms (>= 0, or non-finite either way). XLA
+  # rewrites a plain sum over a stack of scalars into a chain of scalar adds and then copies
+  # that chain into every per-leaf kernel reading the flag: O(leaves^2) code, minutes of
+  # compile time and many GB of memory at 1000 leaves. The abs keeps it one reduction.
+  total = jnp.sum(jnp.abs(tree_utils.pack_scalars(top))) + jnp.sum(
+      jnp.abs(tree_utils.pack_scalars(bot))
+  )
   return jnp.isfinite(total)
 
 
@@ -81,15 +115,23 @@ def skip_nonfinite_steps(
       finite = stats_are_finite(updates, grad_stats)
       extra_args["grad_stats"] = grad_stats
     else:
-      finite = jnp.all(
-          jnp.asarray([jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)], bool)
-      )
-    new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
+      flags = [jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)]
+      # The int32 min over the stacked flags (not jnp.all over them) stays one reduction in
+      # XLA, for the same reason as in stats_are_finite.
+      finite = jnp.min(jnp.stack(flags).astype(jnp.int32)) > 0 if flags else jnp.asarray(True)
+    kept: dict[int, Any] = {}
+    token = _SKIP_CONTEXT.set((finite, kept))
+    try:
+      new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
+    finally:
+      _SKIP_CONTEXT.reset(token)
     new_updates = tree_utils.map_active(
         lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates
     )
-    new_inner = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner,
-                             state.inner_state)
+    new_inner = jax.tree.map(
+        lambda new, old: new if kept.get(id(new)) is new else jnp.where(finite, new, old),
+        new_inner, state.inner_state,
+    )
     num_skipped = state.num_skipped + jnp.where(finite, 0, 1).astype(jnp.int32)
     return new_updates, SkipNonFiniteState(new_inner, num_skipped)
 

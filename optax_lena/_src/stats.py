@@ -212,12 +212,29 @@ def all_reduce_grad_stats(
     local_samples = local_stats.num_samples
   treedef = jax.tree.structure(local_grads)
   packed = tree_utils.pack_scalars(jax.tree.leaves(local_sq))
-  mean_grads = jax.lax.pmean(local_grads, axis_name)
+  # lax.pmean, spelled out: the squared norms below read the sum.
+  summed = jax.lax.psum(local_grads, axis_name)
+  mean_grads = jax.tree.map(lambda v: v / num_workers, summed)
   # A mean of per-worker means of squared norms over equally sized groups is the global mean.
   packed = jax.lax.pmean(packed, axis_name)
   sq_norm_mean = jax.tree.unflatten(treedef, tree_utils.unpack_scalars(packed))
-  mean_sq = jax.tree.map(sq_norm, mean_grads)
+  mean_sq = jax.tree.map(lambda v, m: _mean_sq_norm(v, m, num_workers), summed, mean_grads)
   return mean_grads, GradStats(sq_norm_mean, num_workers * local_samples, mean_sq)
+
+
+def _mean_sq_norm(summed: jax.Array, mean: jax.Array, num_workers: int) -> jax.Array:
+  """``||mean||^2``, from the all-reduced sum where that gives the same number.
+
+  ``||sum||^2 / S^2`` is one reduction reading the all-reduce's output, while ``||sum / S||^2``
+  makes XLA write the mean to a temporary buffer first (an extra write and read of the whole
+  gradient per step: 1.3x the data-parallel step of pmean + SGD on ResNet-18, CPU). With the
+  exponent range of float32 the two agree (exactly when S is a power of two, else to rounding;
+  they differ only where squares leave the float32 range, i.e. for diverged gradients); for
+  float16, whose means go subnormal, the norm is taken of the mean as before.
+  """
+  if jnp.finfo(summed.dtype).minexp > jnp.finfo(jnp.float32).minexp:
+    return sq_norm(mean)
+  return sq_norm(summed) / float(num_workers * num_workers)
 
 
 def accumulate_grad_stats(

@@ -1,0 +1,171 @@
+"""Misuse catalogue: the cases test_errors.py does not cover, one test per raise site."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import optax_lena as ol
+
+PARAMS = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
+
+
+def stats_for(params, s=8, seed=0):
+  rng = np.random.RandomState(seed)
+  g = jax.tree.map(lambda p: jnp.asarray(rng.randn(s, *p.shape), jnp.float32), params)
+  return ol.stacked_grad_stats(g)
+
+
+# -- hyper-parameter values (checks.py), on the building blocks and NaN values ----------------
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: ol.lena(float("nan")), "learning_rate must be positive"),
+    (lambda: ol.scale_by_learning_rate(0.0), "learning_rate must be positive"),
+    (lambda: ol.scale_by_learning_rate(-1.0, clock="samples"), "learning_rate must be positive"),
+    (lambda: ol.layerwise_warmup(float("nan")), "warmup_threshold must be positive"),
+    (lambda: ol.adascale(0.1, warmup_threshold=0.0), "warmup_threshold must be positive"),
+    (lambda: ol.fixed_warmup(-1), "warmup_steps must be >= 0"),
+    (lambda: ol.linear_scaling(0.1, warmup_steps=-8), "warmup_steps must be >= 0"),
+    (lambda: ol.scale_by_adascale(eps=-1e-6), "eps must be >= 0"),
+    (lambda: ol.layerwise_warmup(5.0, eps=float("nan")), "eps must be >= 0"),
+    (lambda: ol.scale_by_lena(beta=0.0), "beta"),
+    (lambda: ol.adascale(0.1, beta=float("nan")), "beta"),
+    (lambda: ol.GainRatioRule(beta=2.0), "beta"),
+    (lambda: ol.GainRatioRule(eps=-1.0), "eps must be >= 0"),
+    (lambda: ol.lena(0.1, num_samples=True), "num_samples must be a positive int"),
+    (lambda: ol.lena(0.1, num_samples=8.0), "num_samples must be a positive int"),
+    (lambda: ol.fixed_warmup(10, num_samples=0), "num_samples must be a positive int"),
+    (lambda: ol.scale_by_linear_scaling(num_samples=-2), "num_samples must be a positive int"),
+    (lambda: ol.scale_by_learning_rate(0.1, clock="epochs"), "Unknown clock"),
+    (lambda: ol.GainRatioRule(grouping="layer"), "Unknown grouping"),
+    (lambda: ol.scale_by_lena(grouping="modules"), "Unknown grouping"),
+])
+def test_bad_hyperparameter_values_on_every_entry_point(build, match):
+  with pytest.raises(ValueError, match=match):
+    build()
+
+
+def test_inject_hyperparams_needs_num_samples_static():
+  """inject_hyperparams turns numbers into arrays; S must stay a Python int (static_args)."""
+  with pytest.raises(ValueError, match="num_samples must be a positive int"):
+    optax.inject_hyperparams(ol.lena)(learning_rate=0.1, num_samples=8).init(PARAMS)
+  tx = optax.inject_hyperparams(ol.lena, static_args=("num_samples",))(0.1, num_samples=8)
+  mean, stats = stats_for(PARAMS, s=8)
+  jax.jit(tx.update)(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: ol.lena(None),
+    lambda: ol.adascale(None),
+    lambda: ol.layerwise_warmup(None),
+    lambda: ol.lena(0.1, warmup_steps=None),
+    lambda: ol.scale_by_lena(eps=None),
+])
+def test_none_hyperparameters_are_rejected_at_construction(build):
+  """None where a number is required must raise when the optimizer is built, not run: a
+  ``learning_rate=None`` otherwise becomes Optax's identity (gradient ascent at rate 1)."""
+  with pytest.raises((ValueError, TypeError)):
+    build()
+
+
+# -- statistics (stats.py, tree_utils.py, checks.check_grad_stats) ----------------------------
+
+
+@pytest.mark.parametrize("num_samples", [True, 8.0, np.int64(8), jnp.asarray(8), -1])
+def test_grad_stats_num_samples_must_be_a_python_int(num_samples):
+  with pytest.raises(ValueError, match="positive Python int"):
+    ol.GradStats({}, num_samples)
+
+
+def test_stacked_stats_with_another_structure():
+  stacked = jax.tree.map(lambda p: jnp.ones((2, *p.shape)), PARAMS)
+  _, other = stats_for({"w": jnp.ones((2, 3))})
+  with pytest.raises(ValueError, match="stacked_stats does not match the gradients"):
+    ol.stacked_grad_stats(stacked, stacked_stats=other)
+
+
+def test_all_reduce_local_stats_with_another_structure():
+  _, other = stats_for({"w": jnp.ones((2, 3))}, s=2)
+
+  def step(g):
+    return ol.all_reduce_grad_stats(g, "i", local_stats=other)[1].num_samples
+
+  with pytest.raises(ValueError, match="local_stats does not match the gradients"):
+    jax.pmap(step, axis_name="i")(jax.tree.map(lambda p: jnp.ones((2, *p.shape)), PARAMS))
+
+
+def test_accumulate_grad_stats_bad_micro_batches():
+  loss = lambda p, b: jnp.sum(p["w"]) * jnp.sum(b[0])
+  with pytest.raises(ValueError, match="leading axis of size K"):
+    ol.accumulate_grad_stats(loss, PARAMS, ())
+  with pytest.raises(ValueError, match="same leading axis K"):
+    ol.accumulate_grad_stats(loss, PARAMS, (jnp.ones((4, 2)), jnp.ones((3, 2))))
+  with pytest.raises(ValueError, match="same leading axis K"):
+    ol.accumulate_grad_stats(loss, PARAMS, (jnp.ones(()), jnp.ones((3, 2))))
+
+
+def test_statistics_without_an_entry_for_a_live_leaf():
+  mean, stats = stats_for(PARAMS)
+  holes = ol.GradStats({"w": stats.sq_norm_mean["w"], "b": None}, 8)
+  tx = ol.scale_by_lena()
+  with pytest.raises(ValueError, match="has no entry for some unmasked gradient leaves"):
+    tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=holes)
+
+
+def test_wrong_statistics_type_and_num_samples_on_building_blocks():
+  mean, stats = stats_for(PARAMS, s=8)
+  for tx in (ol.scale_by_lena(), ol.layerwise_warmup(5.0), ol.fixed_warmup(10),
+             ol.skip_nonfinite_steps(optax.sgd(0.1))):
+    with pytest.raises(TypeError, match=r"ol\.GradStats"):
+      tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=(stats.sq_norm_mean, 8))
+  for tx in (ol.fixed_warmup(10, num_samples=16), ol.scale_by_linear_scaling(num_samples=16),
+             ol.layerwise_warmup(5.0, num_samples=16),
+             ol.scale_by_learning_rate(optax.constant_schedule(0.1), clock="samples",
+                                       num_samples=16)):
+    with pytest.raises(ValueError, match=r"S=8 .* num_samples=16"):
+      tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)
+
+
+# -- rules and grouping (gain_ratio.py, grouping.py) ------------------------------------------
+
+
+def test_rule_object_and_keywords_together():
+  rule = ol.lena_rule(eps=0.0)
+  for kwargs in ({"eps": 1e-6}, {"beta": 0.1}, {"grouping": "module"}, {"num_samples": 8}):
+    with pytest.raises(ValueError, match="either inside the GainRatioRule or as keywords"):
+      ol.layerwise_warmup(5.0, rule=rule, **kwargs)
+  ol.layerwise_warmup(5.0, rule=rule)  # the rule alone is fine
+
+
+def test_unhashable_group_label():
+  mean, stats = stats_for(PARAMS)
+  tx = ol.lena(0.1, grouping=lambda path, leaf: list(path[:-1]))
+  with pytest.raises(ValueError, match="unhashable label"):
+    tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)
+
+
+# -- diagnostics (diagnostics.py) -------------------------------------------------------------
+
+
+def test_diagnostics_of_several_rules_asks_for_each_inner_state():
+  labels = {"w": "a", "b": "b"}
+  tx = optax.multi_transform({"a": ol.lena(0.1), "b": ol.adascale(0.1)}, labels)
+  state = tx.init(PARAMS)
+  with pytest.raises(ValueError, match="exactly one optax_lena gain-ratio rule"):
+    ol.diagnostics(state)
+  d = ol.diagnostics(state.inner_states["a"].inner_state)
+  assert d["gain_ratio"].shape == (1,)
+  two_warmups = optax.chain(ol.scale_by_lena(), ol.layerwise_warmup(5.0), ol.layerwise_warmup(9.0))
+  with pytest.raises(ValueError, match="at most one warm-up"):
+    ol.diagnostics(two_warmups.init(PARAMS))
+
+
+def test_diagnostics_with_another_parameter_tree():
+  tx = ol.lena(0.1)
+  state = tx.init(PARAMS)
+  with pytest.raises(ValueError, match="pass the parameter tree the optimizer was initialised"):
+    ol.diagnostics(state, {"w": jnp.ones(2)})
+  with pytest.raises(ValueError, match="pass the parameter tree the optimizer was initialised"):
+    ol.per_layer_tree(jnp.ones(3), PARAMS)
