@@ -215,12 +215,15 @@ class Stepper:
 
 
 def time_interleaved(
-    runners: dict[str, Callable[[], None]], repeats: int, warmup: int = 2
+    runners: dict[str, Callable[[], None]], repeats: int, warmup: int = 2,
+    min_seconds: float = 0.0,
 ) -> dict[str, np.ndarray]:
   """Seconds per call of every runner: warm-up calls (compiles), then interleaved repeats.
 
   Candidates alternate in order A B C, C B A, ... so that slow drifts of the machine (other
-  processes, frequency) hit all of them alike; compare medians.
+  processes, frequency) hit all of them alike; compare medians. With ``min_seconds``, rounds
+  continue past ``repeats`` until that much time is spent (at most 20 x ``repeats`` rounds):
+  steps of a few milliseconds need hundreds of samples for a stable median on a shared machine.
   """
   names = list(runners)
   for i in range(warmup):
@@ -230,11 +233,14 @@ def time_interleaved(
       if i == 0:
         log(f"    first call (compile) of {name}: {time.perf_counter() - start:.1f} s")
   times: dict[str, list[float]] = {name: [] for name in names}
-  for i in range(repeats):
+  start_all = time.perf_counter()
+  i = 0
+  while i < repeats or (time.perf_counter() - start_all < min_seconds and i < 20 * repeats):
     for name in names if i % 2 == 0 else names[::-1]:
       start = time.perf_counter()
       runners[name]()
       times[name].append(time.perf_counter() - start)
+    i += 1
   return {name: np.asarray(t) for name, t in times.items()}
 
 
@@ -457,7 +463,8 @@ def model_and_batch(name: str, per_device_batch: int, width: int, num_devices: i
 
 
 def bench_train_step(model_name: str, repeats: int, devices: Sequence[Any],
-                     per_device_batch: int = 32, width: int = 16) -> list[Row]:
+                     per_device_batch: int = 32, width: int = 16,
+                     min_seconds: float = 0.0) -> list[Row]:
   n = len(devices)
   model, x, y = model_and_batch(model_name, per_device_batch, width, n)
   init = jax.jit(functools.partial(model.init, train=False))  # eager init: many tiny compiles
@@ -494,7 +501,7 @@ def bench_train_step(model_name: str, repeats: int, devices: Sequence[Any],
     tx = opts[opt][0]
     carry = tuple(replicate_pmap(t, devices) for t in (params, extra, tx.init(params)))
     runners[name] = Stepper(make_step(kind, tx), carry, (xs, ys))
-  times = time_interleaved(runners, repeats)
+  times = time_interleaved(runners, repeats, min_seconds=min_seconds)
   lsw = "all_reduce_grad_stats+linear_scaling"
   rows = rows_from_times("d. training step", label,
                          {k: times[k] for k in ("all_reduce_grad_stats+lena", lsw)}, lsw,
@@ -722,12 +729,13 @@ class Config:
   train_models: tuple[tuple[str, int, int], ...] = (("cnn1d", 128, 0), ("resnet18", 16, 16))
   compile_leaves: tuple[int, ...] = (100, 1000, 5000)
   compile_repeats: int = 1
+  train_min_seconds: float = 30.0  # per model in (d): the CNN1D step takes milliseconds
 
 
 FULL = Config()
 QUICK = Config(resnet_width=16, transformer=(4, 64), repeats=9, step_repeats=5,
                train_models=(("cnn1d", 32, 0),),
-               compile_leaves=(50, 200), compile_repeats=1)
+               compile_leaves=(50, 200), compile_repeats=1, train_min_seconds=0.0)
 
 
 def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> dict[str, Any]:
@@ -746,11 +754,13 @@ def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> d
     for name, shapes in trees.items():
       rows += bench_dp_step(name, shapes, config.step_repeats, devices)
     for model_name, batch, width in config.train_models:
-      rows += bench_train_step(model_name, config.step_repeats, devices, batch, width)
+      rows += bench_train_step(model_name, config.step_repeats, devices, batch, width,
+                               min_seconds=config.train_min_seconds)
     memory = memory_rows(trees)
     compile_rows = bench_compile(config.compile_leaves, config.compile_repeats)
   meta = {"command": command, "machine": machine_info(devices),
-          "repeats": f"{config.repeats} (update only), {config.step_repeats} (steps)",
+          "repeats": f"{config.repeats} (update only), {config.step_repeats} (steps; training "
+                     f"steps: at least {config.train_min_seconds:g} s of rounds per model)",
           "seconds": time.perf_counter() - start, "config": dataclasses.asdict(config)}
   return write_reports(out_dir, meta, rows, memory, compile_rows)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from examples import configs as configs_lib
 from examples import train
+from examples.plotting import save_figure
 
 # Fractions of the single-worker run's final accuracy that count as "reached it": the first is
 # the headline target, the second shows how fast the methods get close when none reaches it.
@@ -233,7 +234,7 @@ def plot_all(results: dict[str, dict[str, Any]], targets: list[float],
            title="MNIST-1D, equal epoch budget")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    paths.append(_save(fig, workdir / "accuracy.png"))
+    paths.append(save_figure(fig, workdir / "accuracy.png"))
 
     lena = results.get("LENA")
     if lena is not None:
@@ -252,7 +253,7 @@ def plot_all(results: dict[str, dict[str, Any]], targets: list[float],
                title=f"LENA per-layer learning-rate multipliers (S={s})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        paths.append(_save(fig, workdir / "lr_multipliers.png"))
+        paths.append(save_figure(fig, workdir / "lr_multipliers.png"))
 
         ends = records[-1]["warmup_end_step"] if records else {}
         total = lena["evals"][-1]["iteration"]
@@ -271,17 +272,8 @@ def plot_all(results: dict[str, dict[str, Any]], targets: list[float],
         ax.set(xlabel="iteration at which the layer's warm-up ended (gray: not ended)",
                title="LENA state-aware warm-up: per-layer end (cf. paper Fig. 7)")
         ax.grid(alpha=0.3, axis="x")
-        paths.append(_save(fig, workdir / "warmup_end.png"))
+        paths.append(save_figure(fig, workdir / "warmup_end.png"))
     return paths
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def main(quick: bool = False, workdir: str | Path = "runs/demo",

@@ -25,6 +25,8 @@ def test_every_section_runs_and_reports(tmp_path):
   memory = overhead.memory_rows({"toy": tree})
   compile_rows = overhead.bench_compile([3])
   assert {r.section.split(".")[0] for r in rows} == {"a", "b", "c", "d"}
+  assert {"pmean+local_sq_norms+sgd_momentum", "pmean+mean_sq_norms+sgd_momentum"} <= {
+      r.candidate for r in rows}  # the profile of the statistics' two passes
   assert all(np.isfinite(r.ratio) and r.ratio > 0 for r in rows)
   lena_memory = next(m for m in memory if m["optimizer"] == "lena")
   assert lena_memory["passed"], lena_memory  # a few scalars per leaf, whatever the sizes
@@ -37,3 +39,23 @@ def test_every_section_runs_and_reports(tmp_path):
   assert json.loads((tmp_path / "overhead.json").read_text())["targets"] == json.loads(
       json.dumps(result["targets"]))
   assert "| update only" in (tmp_path / "overhead.md").read_text()
+
+
+def test_kernel_counts_tell_distinct_kernels_apart():
+  """The compile-time profile's claim: per-leaf slices of one vector make every kernel distinct,
+  a scalar input per leaf keeps one kernel for all leaves of a shape."""
+  from benchmarks import compile_profile
+
+  result = compile_profile.profile(6)
+  assert result["slice"]["distinct_kernels"] == 6
+  for variant in ("same_slice", "scalar_inputs", "index_inputs"):
+    assert result[variant]["distinct_kernels"] == 1, (variant, result[variant])
+  assert all(r["kernels"] == 6 for r in result.values()), result
+
+
+def test_compile_rows_count_kernels():
+  rows = overhead.bench_compile([4])
+  row = rows[0]
+  assert row["lena_kernels"] >= row["lena_distinct_kernels"] >= 1
+  assert row["sgd_momentum_kernels"] >= row["sgd_momentum_distinct_kernels"] >= 1
+  assert row["ratio"] > 0

@@ -47,6 +47,7 @@ import optax
 import optax_lena as ol
 from examples import configs as configs_lib
 from examples import train
+from examples.plotting import save_figure
 
 # Target = this fraction of the single-worker SGD accuracy of the same seed and budget.
 TARGET_FRACTION = 0.98
@@ -524,7 +525,7 @@ def plot_all(sm: Summary, p: Preset, seeds: Sequence[int], scales: Sequence[int]
                title=f"MNIST-1D, S={s} (batch {s * p.per_worker_batch}), {p.num_epochs} epochs")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out / f"accuracy_vs_iterations_s{s}.png"))
+        paths.append(save_figure(fig, out / f"accuracy_vs_iterations_s{s}.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for opt, warm in PAPER_METHODS:
@@ -545,7 +546,7 @@ def plot_all(sm: Summary, p: Preset, seeds: Sequence[int], scales: Sequence[int]
            title="Accuracy at the epoch budget vs batch size (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    paths.append(_save(fig, out / "accuracy_vs_scale.png"))
+    paths.append(save_figure(fig, out / "accuracy_vs_scale.png", dpi=110))
 
     # LENA's per-layer warm-up end (paper Fig. 7), seed 0 of each Table-1 scale, as a fraction
     # of the run so that scales with different update counts share an axis.
@@ -568,17 +569,8 @@ def plot_all(sm: Summary, p: Preset, seeds: Sequence[int], scales: Sequence[int]
                title="LENA state-aware warm-up end per layer (cf. paper Fig. 7)")
         ax.grid(alpha=0.3, axis="x")
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out / "lena_warmup_end.png"))
+        paths.append(save_figure(fig, out / "lena_warmup_end.png", dpi=110))
     return paths
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def report(p: Preset, grid: list[RunSpec], out: Path, seeds: Sequence[int],
