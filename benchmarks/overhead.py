@@ -52,12 +52,12 @@ CACHING_MALLOC = (
 
 
 def _reexec_with_caching_malloc() -> None:
-  """Restarts ``python -m benchmarks.overhead`` with ``CACHING_MALLOC`` (glibc reads it at exec)."""
+  """Restarts this very command line with ``CACHING_MALLOC`` (glibc reads it at exec)."""
   if (__name__ != "__main__" or "--system-malloc" in sys.argv
       or os.environ.get("GLIBC_TUNABLES") == CACHING_MALLOC or "jax" in sys.modules):
     return
   env = dict(os.environ, GLIBC_TUNABLES=CACHING_MALLOC)
-  os.execve(sys.executable, [sys.executable, "-m", "benchmarks.overhead", *sys.argv[1:]], env)
+  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 _reexec_with_caching_malloc()
