@@ -398,12 +398,12 @@ def replicate_pmap(tree: PyTree, devices) -> PyTree:
 
 
 def bench_dp_step(tree_name: str, shapes: PyTree, repeats: int, devices: Sequence[Any],
-                  modes: Sequence[str] = ("pmap", "shard_map"), profile: bool = True) -> list[Row]:
+                  modes: Sequence[str] = ("pmap", "shard_map")) -> list[Row]:
   n = len(devices)
   log(f"  (c) data-parallel step on {n} devices: {tree_name} {tree_info(shapes)}")
   opts = optimizers()
   host_local = materialize(shapes, seed=1, lead=(n,))
-  variants = {**DP_VARIANTS, **(PROFILE_VARIANTS if profile else {})}
+  variants = {**DP_VARIANTS, **PROFILE_VARIANTS}
   rows = []
   for mode in modes:
     runners = {}

@@ -22,15 +22,9 @@ def pack_scalars(scalars: Sequence[jax.Array]) -> jax.Array:
   """Packs per-leaf float32 scalars into one vector (the layer axis of the optimizer state)."""
   if not scalars:
     return jnp.zeros((0,), jnp.float32)
-  return jnp.stack([_as_float32_scalar(s) for s in scalars])
-
-
-def _as_float32_scalar(x: Any) -> jax.Array:
-  # No-op conversions still add an operation per leaf to the traced program.
-  x = jnp.asarray(x)
-  if x.dtype != jnp.float32:
-    x = x.astype(jnp.float32)
-  return x if x.shape == () else x.reshape(())
+  values = [jnp.asarray(s, jnp.float32) for s in scalars]
+  # reshape(()) of a scalar would still add one operation per leaf to the traced program.
+  return jnp.stack([v if v.ndim == 0 else v.reshape(()) for v in values])
 
 
 def unpack_scalars(vector: jax.Array) -> list[jax.Array]:
