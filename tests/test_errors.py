@@ -2,19 +2,11 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
+from misuse_fixtures import PARAMS, stats_for
 
 import optax_lena as ol
-
-PARAMS = {"w": jnp.ones((2, 3)), "b": jnp.zeros(3)}
-
-
-def stats_for(params, s=8, seed=0):
-  rng = np.random.RandomState(seed)
-  g = jax.tree.map(lambda p: jnp.asarray(rng.randn(s, *p.shape), jnp.float32), params)
-  return ol.stacked_grad_stats(g)
 
 
 @pytest.mark.parametrize("tx", [

@@ -36,13 +36,12 @@ def run(tx, steps, s, jit=True, seed=0, params=None):
 # -- (c) S = 1 is exactly momentum SGD --------------------------------------------------------
 
 
-@pytest.mark.parametrize("alias", [ol.lena, ol.adascale, ol.linear_scaling])
-def test_single_worker_is_exactly_momentum_sgd(alias):
+def assert_single_worker_trajectory_equals(tx, sgd, steps=10):
+  """Runs ``tx`` on S = 1 statistics and ``sgd`` on the same gradients; parameters must agree
+  bitwise after every step. Returns the final ``tx`` state."""
   params = params_tree()
-  tx = alias(0.05, momentum=0.9)
-  sgd = optax.sgd(0.05, momentum=0.9)
   state, sgd_state, sgd_params = tx.init(params), sgd.init(params), params
-  for t in range(10):
+  for t in range(steps):
     mean, stats = ol.stacked_grad_stats(worker_grads(1, t))
     assert stats.num_samples == 1
     updates, state = tx.update(mean, state, params, grad_stats=stats)
@@ -51,22 +50,22 @@ def test_single_worker_is_exactly_momentum_sgd(alias):
     sgd_params = optax.apply_updates(sgd_params, sgd_updates)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(sgd_params), strict=True):
       np.testing.assert_array_equal(a, b)
+  return state
+
+
+@pytest.mark.parametrize("alias", [ol.lena, ol.adascale, ol.linear_scaling])
+def test_single_worker_is_exactly_momentum_sgd(alias):
+  state = assert_single_worker_trajectory_equals(
+      alias(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)
+  )
   np.testing.assert_array_equal(ol.diagnostics(state)["gain_ratio"], 1.0)
 
 
 def test_single_worker_with_weight_decay_is_exactly_coupled_sgd():
-  params = params_tree()
-  tx = ol.lena(0.05, momentum=0.9, weight_decay=1e-3)
-  sgd = optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, momentum=0.9))
-  state, sgd_state, sgd_params = tx.init(params), sgd.init(params), params
-  for t in range(10):
-    mean, stats = ol.stacked_grad_stats(worker_grads(1, t))
-    updates, state = tx.update(mean, state, params, grad_stats=stats)
-    params = optax.apply_updates(params, updates)
-    sgd_updates, sgd_state = sgd.update(mean, sgd_state, sgd_params)
-    sgd_params = optax.apply_updates(sgd_params, sgd_updates)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(sgd_params), strict=True):
-    np.testing.assert_array_equal(a, b)
+  assert_single_worker_trajectory_equals(
+      ol.lena(0.05, momentum=0.9, weight_decay=1e-3),
+      optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, momentum=0.9)),
+  )
 
 
 # -- (e) jit and no-jit agree -------------------------------------------------------------------
