@@ -39,13 +39,17 @@ def per_leaf_multiply(variant: str, num_leaves: int):
       return [u * vector[3] for u in leaves]
     if variant == "scalar_inputs":
       return [u * c for u, c in zip(leaves, scalars, strict=True)]
-    return [u * jax.lax.dynamic_index_in_dim(vector, i, keepdims=False)
-            for u, i in zip(leaves, indices, strict=True)]
+    return [
+      u * jax.lax.dynamic_index_in_dim(vector, i, keepdims=False)
+      for u, i in zip(leaves, indices, strict=True)
+    ]
 
-  args = ([jax.ShapeDtypeStruct((16,), jnp.float32)] * num_leaves,
-          jax.ShapeDtypeStruct((num_leaves,), jnp.float32),
-          [jax.ShapeDtypeStruct((), jnp.float32)] * num_leaves,
-          [jax.ShapeDtypeStruct((), jnp.int32)] * num_leaves)
+  args = (
+    [jax.ShapeDtypeStruct((16,), jnp.float32)] * num_leaves,
+    jax.ShapeDtypeStruct((num_leaves,), jnp.float32),
+    [jax.ShapeDtypeStruct((), jnp.float32)] * num_leaves,
+    [jax.ShapeDtypeStruct((), jnp.int32)] * num_leaves,
+  )
   return f, args
 
 
@@ -66,8 +70,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--leaves", type=int, default=1000)
   args = parser.parse_args(argv)
-  print(f"compile time of {args.leaves} per-leaf multiplies u_k * c_k (jax {jax.__version__}, "
-        f"{jax.devices()[0].platform})", flush=True)
+  print(
+    f"compile time of {args.leaves} per-leaf multiplies u_k * c_k (jax {jax.__version__}, "
+    f"{jax.devices()[0].platform})",
+    flush=True,
+  )
   profile(args.leaves)
 
 

@@ -47,14 +47,18 @@ def _simulate_host_devices(count: int = 8) -> None:
 # Keep freed memory in the process (no munmap/trim) and one arena: every step then reuses the
 # same pages, as a caching device allocator would, instead of page-faulting fresh ones.
 CACHING_MALLOC = (
-    "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:glibc.malloc.arena_max=1"
+  "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:glibc.malloc.arena_max=1"
 )
 
 
 def _reexec_with_caching_malloc() -> None:
   """Restarts this very command line with ``CACHING_MALLOC`` (glibc reads it at exec)."""
-  if (__name__ != "__main__" or "--system-malloc" in sys.argv
-      or os.environ.get("GLIBC_TUNABLES") == CACHING_MALLOC or "jax" in sys.modules):
+  if (
+    __name__ != "__main__"
+    or "--system-malloc" in sys.argv
+    or os.environ.get("GLIBC_TUNABLES") == CACHING_MALLOC
+    or "jax" in sys.modules
+  ):
     return
   env = dict(os.environ, GLIBC_TUNABLES=CACHING_MALLOC)
   os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
@@ -89,12 +93,12 @@ NUM_WORKERS = 8
 
 # Target id -> (what, limit on the ratio). "memory" is checked on bytes, see memory_rows.
 TARGETS = {
-    "update_only": ("update only (statistics given) vs SGD-momentum", 1.15),
-    "stacked": ("stacked statistics + update (S=8) vs mean + SGD-momentum", 1.05),
-    "pmap_step": ("data-parallel step vs pmean + SGD-momentum", 1.10),
-    "train_step": ("whole training step vs linear scaling", 1.03),
-    "memory": ("state = SGD-momentum + O(leaves) scalars (<= 64 B per leaf)", 64.0),
-    "compile": ("compile time at the largest leaf count vs SGD-momentum", 1.5),
+  "update_only": ("update only (statistics given) vs SGD-momentum", 1.15),
+  "stacked": ("stacked statistics + update (S=8) vs mean + SGD-momentum", 1.05),
+  "pmap_step": ("data-parallel step vs pmean + SGD-momentum", 1.10),
+  "train_step": ("whole training step vs linear scaling", 1.03),
+  "memory": ("state = SGD-momentum + O(leaves) scalars (<= 64 B per leaf)", 64.0),
+  "compile": ("compile time at the largest leaf count vs SGD-momentum", 1.5),
 }
 
 
@@ -115,18 +119,23 @@ def transformer_shapes(num_layers: int, d_model: int, vocab: int = 8192) -> PyTr
   """A GPT-style decoder tree: 12 leaves per block (many small leaves, repeated shapes)."""
   d = d_model
   block = {
-      "ln1": {"scale": (d,), "bias": (d,)},
-      "attn": {"qkv": {"kernel": (d, 3 * d), "bias": (3 * d,)},
-               "out": {"kernel": (d, d), "bias": (d,)}},
-      "ln2": {"scale": (d,), "bias": (d,)},
-      "mlp": {"fc1": {"kernel": (d, 4 * d), "bias": (4 * d,)},
-              "fc2": {"kernel": (4 * d, d), "bias": (d,)}},
+    "ln1": {"scale": (d,), "bias": (d,)},
+    "attn": {
+      "qkv": {"kernel": (d, 3 * d), "bias": (3 * d,)},
+      "out": {"kernel": (d, d), "bias": (d,)},
+    },
+    "ln2": {"scale": (d,), "bias": (d,)},
+    "mlp": {
+      "fc1": {"kernel": (d, 4 * d), "bias": (4 * d,)},
+      "fc2": {"kernel": (4 * d, d), "bias": (d,)},
+    },
   }
   tree = {f"block_{i:04d}": block for i in range(num_layers)}
   tree["embed"] = {"tokens": (vocab, d), "positions": (512, d)}
   tree["ln_f"] = {"scale": (d,), "bias": (d,)}
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), tree,
-                      is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s, jnp.float32), tree, is_leaf=lambda x: isinstance(x, tuple)
+  )
 
 
 def leaves_tree(num_leaves: int, d_model: int = 16) -> PyTree:
@@ -135,8 +144,12 @@ def leaves_tree(num_leaves: int, d_model: int = 16) -> PyTree:
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   flat = flat[:num_leaves]
   while len(flat) < num_leaves:  # pad with biases
-    flat.append(((jax.tree_util.DictKey(f"extra_{len(flat)}"),),
-                 jax.ShapeDtypeStruct((d_model,), jnp.float32)))
+    flat.append(
+      (
+        (jax.tree_util.DictKey(f"extra_{len(flat)}"),),
+        jax.ShapeDtypeStruct((d_model,), jnp.float32),
+      )
+    )
   return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
 
 
@@ -174,14 +187,18 @@ def sgd_momentum() -> optax.GradientTransformation:
 def optimizers() -> dict[str, tuple[optax.GradientTransformation, bool]]:
   """name -> (transformation, whether its update takes grad_stats)."""
   return {
-      "sgd_momentum": (sgd_momentum(), False),
-      "lena": (ol.lena(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
-                       warmup_threshold=THETA), True),
-      "adascale": (ol.adascale(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY), True),
-      "linear_scaling": (ol.linear_scaling(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
-                                           warmup_steps=100.0), True),
-      "lars": (optax.lars(LR, weight_decay=WEIGHT_DECAY, momentum=MOMENTUM), False),
-      "lamb": (optax.lamb(LR, weight_decay=WEIGHT_DECAY), False),
+    "sgd_momentum": (sgd_momentum(), False),
+    "lena": (
+      ol.lena(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, warmup_threshold=THETA),
+      True,
+    ),
+    "adascale": (ol.adascale(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY), True),
+    "linear_scaling": (
+      ol.linear_scaling(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, warmup_steps=100.0),
+      True,
+    ),
+    "lars": (optax.lars(LR, weight_decay=WEIGHT_DECAY, momentum=MOMENTUM), False),
+    "lamb": (optax.lamb(LR, weight_decay=WEIGHT_DECAY), False),
   }
 
 
@@ -215,8 +232,10 @@ class Stepper:
 
 
 def time_interleaved(
-    runners: dict[str, Callable[[], None]], repeats: int, warmup: int = 2,
-    min_seconds: float = 0.0,
+  runners: dict[str, Callable[[], None]],
+  repeats: int,
+  warmup: int = 2,
+  min_seconds: float = 0.0,
 ) -> dict[str, np.ndarray]:
   """Seconds per call of every runner: warm-up calls (compiles), then interleaved repeats.
 
@@ -269,8 +288,9 @@ def rows_from_times(section, tree, times, baseline, targets=None) -> list[Row]:
     if name == baseline:
       continue
     med = float(np.median(t))
-    rows.append(Row(section, tree, name, baseline, 1e3 * med, 1e3 * base, med / base,
-                    targets.get(name)))
+    rows.append(
+      Row(section, tree, name, baseline, 1e3 * med, 1e3 * base, med / base, targets.get(name))
+    )
   return rows
 
 
@@ -281,17 +301,22 @@ def log(msg: str) -> None:
 def log_rows(rows: list[Row]) -> None:
   for r in rows:
     verdict = "" if r.passed is None else ("  PASS" if r.passed else "  FAIL")
-    log(f"    {r.candidate:>34} / {r.baseline:<28} {r.ratio:6.3f}x  "
-        f"({r.candidate_ms:8.2f} ms vs {r.baseline_ms:8.2f} ms){verdict}")
+    log(
+      f"    {r.candidate:>34} / {r.baseline:<28} {r.ratio:6.3f}x  "
+      f"({r.candidate_ms:8.2f} ms vs {r.baseline_ms:8.2f} ms){verdict}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # (a) Update only, statistics given.
 
 
-def bench_update_only(tree_name: str, shapes: PyTree, repeats: int,
-                      names: Sequence[str] = ("sgd_momentum", "lena", "adascale", "lars", "lamb"),
-                      ) -> list[Row]:
+def bench_update_only(
+  tree_name: str,
+  shapes: PyTree,
+  repeats: int,
+  names: Sequence[str] = ("sgd_momentum", "lena", "adascale", "lars", "lamb"),
+) -> list[Row]:
   log(f"  (a) update only, statistics given: {tree_name} {tree_info(shapes)}")
   grads = materialize(shapes, seed=1)
   stats = grad_stats_for(grads)
@@ -304,10 +329,16 @@ def bench_update_only(tree_name: str, shapes: PyTree, repeats: int,
       return apply_update(tx, uses_stats, grads, opt_state, params, stats)
 
     params = materialize(shapes, seed=0)
-    runners[name] = Stepper(jax.jit(step, donate_argnums=(0, 1)),
-                            (params, fresh(tx.init(params))), (grads, stats))
-  rows = rows_from_times("a. update only", tree_name, time_interleaved(runners, repeats),
-                         "sgd_momentum", {"lena": "update_only"})
+    runners[name] = Stepper(
+      jax.jit(step, donate_argnums=(0, 1)), (params, fresh(tx.init(params))), (grads, stats)
+    )
+  rows = rows_from_times(
+    "a. update only",
+    tree_name,
+    time_interleaved(runners, repeats),
+    "sgd_momentum",
+    {"lena": "update_only"},
+  )
   log_rows(rows)
   return rows
 
@@ -316,8 +347,9 @@ def bench_update_only(tree_name: str, shapes: PyTree, repeats: int,
 # (b) Statistics plus update from S stacked worker gradients.
 
 
-def bench_stacked(tree_name: str, shapes: PyTree, repeats: int,
-                  num_workers: int = NUM_WORKERS) -> list[Row]:
+def bench_stacked(
+  tree_name: str, shapes: PyTree, repeats: int, num_workers: int = NUM_WORKERS
+) -> list[Row]:
   log(f"  (b) stacked statistics + update, S={num_workers}: {tree_name} {tree_info(shapes)}")
   stacked = materialize(shapes, seed=1, lead=(num_workers,))
   opts = optimizers()
@@ -334,11 +366,16 @@ def bench_stacked(tree_name: str, shapes: PyTree, repeats: int,
   for name, fn in (("mean+sgd_momentum", baseline), ("stacked_grad_stats+lena", lena)):
     tx = opts["sgd_momentum" if name.endswith("momentum") else "lena"][0]
     params = materialize(shapes, seed=0)
-    runners[name] = Stepper(jax.jit(fn, donate_argnums=(0, 1)),
-                            (params, fresh(tx.init(params))), (stacked,))
-  rows = rows_from_times("b. stacked stats + update", tree_name,
-                         time_interleaved(runners, repeats), "mean+sgd_momentum",
-                         {"stacked_grad_stats+lena": "stacked"})
+    runners[name] = Stepper(
+      jax.jit(fn, donate_argnums=(0, 1)), (params, fresh(tx.init(params))), (stacked,)
+    )
+  rows = rows_from_times(
+    "b. stacked stats + update",
+    tree_name,
+    time_interleaved(runners, repeats),
+    "mean+sgd_momentum",
+    {"stacked_grad_stats+lena": "stacked"},
+  )
   log_rows(rows)
   return rows
 
@@ -377,14 +414,14 @@ def _sq_norms(tree: PyTree) -> jax.Array:
 
 
 DP_VARIANTS = {
-    "pmean+sgd_momentum": ("pmean", "sgd_momentum"),
-    "all_reduce_grad_stats+lena": ("stats", "lena"),
-    "all_reduce_grad_stats+linear_scaling": ("stats", "linear_scaling"),
+  "pmean+sgd_momentum": ("pmean", "sgd_momentum"),
+  "all_reduce_grad_stats+lena": ("stats", "lena"),
+  "all_reduce_grad_stats+linear_scaling": ("stats", "linear_scaling"),
 }
 # The statistics' two passes over the gradients, each alone on top of the baseline.
 PROFILE_VARIANTS = {
-    "pmean+local_sq_norms+sgd_momentum": ("pmean+local_sq", "sgd_momentum"),
-    "pmean+mean_sq_norms+sgd_momentum": ("pmean+mean_sq", "sgd_momentum"),
+  "pmean+local_sq_norms+sgd_momentum": ("pmean+local_sq", "sgd_momentum"),
+  "pmean+mean_sq_norms+sgd_momentum": ("pmean+mean_sq", "sgd_momentum"),
 }
 
 
@@ -397,8 +434,13 @@ def replicate_pmap(tree: PyTree, devices) -> PyTree:
   return jax.pmap(lambda x: x, devices=devices)(stacked)
 
 
-def bench_dp_step(tree_name: str, shapes: PyTree, repeats: int, devices: Sequence[Any],
-                  modes: Sequence[str] = ("pmap", "shard_map")) -> list[Row]:
+def bench_dp_step(
+  tree_name: str,
+  shapes: PyTree,
+  repeats: int,
+  devices: Sequence[Any],
+  modes: Sequence[str] = ("pmap", "shard_map"),
+) -> list[Row]:
   n = len(devices)
   log(f"  (c) data-parallel step on {n} devices: {tree_name} {tree_info(shapes)}")
   opts = optimizers()
@@ -412,13 +454,18 @@ def bench_dp_step(tree_name: str, shapes: PyTree, repeats: int, devices: Sequenc
       for name, (kind, opt) in variants.items():
         tx = opts[opt][0]
         params = materialize(shapes, seed=0)
-        fn = jax.pmap(lambda g, p, s, kind=kind, tx=tx: dp_update(kind, tx)(g, p, s),
-                      axis_name=AXIS, devices=devices, donate_argnums=(1, 2))
+        fn = jax.pmap(
+          lambda g, p, s, kind=kind, tx=tx: dp_update(kind, tx)(g, p, s),
+          axis_name=AXIS,
+          devices=devices,
+          donate_argnums=(1, 2),
+        )
         carry = (replicate_pmap(params, devices), replicate_pmap(tx.init(params), devices))
         runners[name] = Stepper(lambda p, s, g, fn=fn: fn(g, p, s), carry, (local,))
     else:
-      mesh = jax.sharding.Mesh(np.asarray(devices), (AXIS,),
-                               axis_types=(jax.sharding.AxisType.Auto,))
+      mesh = jax.sharding.Mesh(
+        np.asarray(devices), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,)
+      )
       local = jax.device_put(host_local, NamedSharding(mesh, P(AXIS)))
       replicated = NamedSharding(mesh, P())
       for name, (kind, opt) in variants.items():
@@ -427,17 +474,25 @@ def bench_dp_step(tree_name: str, shapes: PyTree, repeats: int, devices: Sequenc
         def body(g, p, s, kind=kind, tx=tx):
           return dp_update(kind, tx)(jax.tree.map(lambda x: x[0], g), p, s)
 
-        fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(), P()),
-                                   out_specs=(P(), P())), donate_argnums=(1, 2))
+        fn = jax.jit(
+          jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=(P(), P())),
+          donate_argnums=(1, 2),
+        )
         params = jax.device_put(materialize(shapes, seed=0), replicated)
         carry = (params, jax.device_put(fresh(tx.init(params)), replicated))
         runners[name] = Stepper(lambda p, s, g, fn=fn: fn(g, p, s), carry, (local,))
     times = time_interleaved(runners, repeats)
-    mode_rows = rows_from_times(f"c. {mode} step", tree_name, times, "pmean+sgd_momentum",
-                                {"all_reduce_grad_stats+lena": "pmap_step"})
+    mode_rows = rows_from_times(
+      f"c. {mode} step",
+      tree_name,
+      times,
+      "pmean+sgd_momentum",
+      {"all_reduce_grad_stats+lena": "pmap_step"},
+    )
     lsw = "all_reduce_grad_stats+linear_scaling"
-    mode_rows += rows_from_times(f"c. {mode} step", tree_name,
-                                 {k: times[k] for k in ("all_reduce_grad_stats+lena", lsw)}, lsw)
+    mode_rows += rows_from_times(
+      f"c. {mode} step", tree_name, {k: times[k] for k in ("all_reduce_grad_stats+lena", lsw)}, lsw
+    )
     log(f"    {mode}:")
     log_rows(mode_rows)
     rows += mode_rows
@@ -462,9 +517,14 @@ def model_and_batch(name: str, per_device_batch: int, width: int, num_devices: i
   return model, x, y
 
 
-def bench_train_step(model_name: str, repeats: int, devices: Sequence[Any],
-                     per_device_batch: int = 32, width: int = 16,
-                     min_seconds: float = 0.0) -> list[Row]:
+def bench_train_step(
+  model_name: str,
+  repeats: int,
+  devices: Sequence[Any],
+  per_device_batch: int = 32,
+  width: int = 16,
+  min_seconds: float = 0.0,
+) -> list[Row]:
   n = len(devices)
   model, x, y = model_and_batch(model_name, per_device_batch, width, n)
   init = jax.jit(functools.partial(model.init, train=False))  # eager init: many tiny compiles
@@ -472,16 +532,16 @@ def bench_train_step(model_name: str, repeats: int, devices: Sequence[Any],
   params = variables["params"]
   extra = {k: v for k, v in variables.items() if k != "params"}  # BatchNorm statistics
   label = f"{model_name}" + (f" width {width}" if model_name == "resnet18" else "")
-  log(f"  (d) training step, {label}, {n} devices x batch {per_device_batch}: "
-      f"{tree_info(params)}")
+  log(f"  (d) training step, {label}, {n} devices x batch {per_device_batch}: {tree_info(params)}")
   opts = optimizers()
 
   def make_step(kind, tx):
     def step(params, extra, opt_state, x, y):
       def loss_fn(p):
         if extra:
-          logits, new_extra = model.apply({"params": p, **extra}, x, train=True,
-                                          mutable=list(extra))
+          logits, new_extra = model.apply(
+            {"params": p, **extra}, x, train=True, mutable=list(extra)
+          )
         else:
           logits, new_extra = model.apply({"params": p}, x, train=True), {}
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
@@ -503,9 +563,13 @@ def bench_train_step(model_name: str, repeats: int, devices: Sequence[Any],
     runners[name] = Stepper(make_step(kind, tx), carry, (xs, ys))
   times = time_interleaved(runners, repeats, min_seconds=min_seconds)
   lsw = "all_reduce_grad_stats+linear_scaling"
-  rows = rows_from_times("d. training step", label,
-                         {k: times[k] for k in ("all_reduce_grad_stats+lena", lsw)}, lsw,
-                         {"all_reduce_grad_stats+lena": "train_step"})
+  rows = rows_from_times(
+    "d. training step",
+    label,
+    {k: times[k] for k in ("all_reduce_grad_stats+lena", lsw)},
+    lsw,
+    {"all_reduce_grad_stats+lena": "train_step"},
+  )
   rows += rows_from_times("d. training step", label, times, "pmean+sgd_momentum")
   log_rows(rows)
   return rows
@@ -530,15 +594,23 @@ def memory_rows(trees: dict[str, PyTree]) -> list[dict[str, Any]]:
     for name in ("lena", "adascale", "linear_scaling", "lars", "lamb"):
       nbytes = state_bytes(opts[name][0], shapes)
       extra = nbytes - base
-      row = {"tree": tree_name, **info, "optimizer": name, "bytes": nbytes,
-             "sgd_momentum_bytes": base, "extra_bytes": extra,
-             "extra_bytes_per_leaf": extra / info["leaves"]}
+      row = {
+        "tree": tree_name,
+        **info,
+        "optimizer": name,
+        "bytes": nbytes,
+        "sgd_momentum_bytes": base,
+        "extra_bytes": extra,
+        "extra_bytes_per_leaf": extra / info["leaves"],
+      }
       if name in ("lena", "adascale", "linear_scaling"):
         row["passed"] = bool(extra <= TARGETS["memory"][1] * info["leaves"] + 64)
       out.append(row)
-      log(f"    {tree_name:>24} {name:>15}: {nbytes / 2**20:9.2f} MiB, "
-          f"+{extra} B (+{extra / info['leaves']:.1f} B/leaf)"
-          + ("" if "passed" not in row else ("  PASS" if row["passed"] else "  FAIL")))
+      log(
+        f"    {tree_name:>24} {name:>15}: {nbytes / 2**20:9.2f} MiB, "
+        f"+{extra} B (+{extra / info['leaves']:.1f} B/leaf)"
+        + ("" if "passed" not in row else ("  PASS" if row["passed"] else "  FAIL"))
+      )
   return out
 
 
@@ -561,8 +633,9 @@ def compile_seconds(name: str, shapes: PyTree) -> tuple[float, int, int]:
   """Seconds to lower and compile the update step, and its (kernels, distinct kernels)."""
   tx, uses_stats = optimizers()[name]
   scalar = jax.ShapeDtypeStruct((), jnp.float32)
-  stats = ol.GradStats(jax.tree.map(lambda _: scalar, shapes), NUM_WORKERS,
-                       jax.tree.map(lambda _: scalar, shapes))
+  stats = ol.GradStats(
+    jax.tree.map(lambda _: scalar, shapes), NUM_WORKERS, jax.tree.map(lambda _: scalar, shapes)
+  )
   state = jax.eval_shape(tx.init, shapes)
 
   def step(params, opt_state, grads, stats):
@@ -574,8 +647,9 @@ def compile_seconds(name: str, shapes: PyTree) -> tuple[float, int, int]:
   return (seconds, *kernel_counts(compiled.as_text()))
 
 
-def bench_compile(leaf_counts: Sequence[int], repeats: int = 1,
-                  names: Sequence[str] = ("sgd_momentum", "lena")) -> list[dict[str, Any]]:
+def bench_compile(
+  leaf_counts: Sequence[int], repeats: int = 1, names: Sequence[str] = ("sgd_momentum", "lena")
+) -> list[dict[str, Any]]:
   log("  (f) compile time of the update step (jit(...).lower(...).compile())")
   out = []
   for count in leaf_counts:
@@ -587,15 +661,20 @@ def bench_compile(leaf_counts: Sequence[int], repeats: int = 1,
         seconds, *kernels[name] = compile_seconds(name, shapes)
         times[name].append(seconds)
     med = {name: float(np.median(t)) for name, t in times.items()}
-    row = {"leaves": count, "params": tree_info(shapes)["params"],
-           **{f"{name}_s": med[name] for name in names},
-           **{f"{name}_kernels": kernels[name][0] for name in names},
-           **{f"{name}_distinct_kernels": kernels[name][1] for name in names},
-           "ratio": med["lena"] / med["sgd_momentum"]}
+    row = {
+      "leaves": count,
+      "params": tree_info(shapes)["params"],
+      **{f"{name}_s": med[name] for name in names},
+      **{f"{name}_kernels": kernels[name][0] for name in names},
+      **{f"{name}_distinct_kernels": kernels[name][1] for name in names},
+      "ratio": med["lena"] / med["sgd_momentum"],
+    }
     out.append(row)
-    log(f"    {count:6d} leaves: lena {med['lena']:7.2f} s, sgd_momentum "
-        f"{med['sgd_momentum']:7.2f} s, ratio {row['ratio']:.2f}x; distinct kernels "
-        f"{kernels['lena'][1]} vs {kernels['sgd_momentum'][1]}")
+    log(
+      f"    {count:6d} leaves: lena {med['lena']:7.2f} s, sgd_momentum "
+      f"{med['sgd_momentum']:7.2f} s, ratio {row['ratio']:.2f}x; distinct kernels "
+      f"{kernels['lena'][1]} vs {kernels['sgd_momentum'][1]}"
+    )
   if out:
     out[-1]["target"] = "compile"
     out[-1]["passed"] = bool(out[-1]["ratio"] <= TARGETS["compile"][1])
@@ -617,9 +696,12 @@ def machine_info(devices: Sequence[Any]) -> dict[str, Any]:
   except OSError:
     pass
   return {
-      "cpu": cpu, "cpu_cores": os.cpu_count(), "python": platform.python_version(),
-      "jax": jax.__version__, "optax": optax.__version__,
-      "devices": f"{len(devices)} x {devices[0].platform} ({devices[0].device_kind})",
+    "cpu": cpu,
+    "cpu_cores": os.cpu_count(),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "optax": optax.__version__,
+    "devices": f"{len(devices)} x {devices[0].platform} ({devices[0].device_kind})",
   }
 
 
@@ -629,53 +711,84 @@ def summary_targets(rows: list[Row], memory: list[dict], compile_rows: list[dict
   for tid, (what, limit) in TARGETS.items():
     checks = [(f"{r.section} / {r.tree}", r.ratio, r.passed) for r in rows if r.target == tid]
     if tid == "memory":
-      checks = [(f"{m['tree']} / {m['optimizer']}", m["extra_bytes_per_leaf"], m["passed"])
-                for m in memory if "passed" in m]
+      checks = [
+        (f"{m['tree']} / {m['optimizer']}", m["extra_bytes_per_leaf"], m["passed"])
+        for m in memory
+        if "passed" in m
+      ]
     if tid == "compile":
-      checks = [(f"{c['leaves']} leaves", c["ratio"], c["passed"]) for c in compile_rows
-                if "passed" in c]
+      checks = [
+        (f"{c['leaves']} leaves", c["ratio"], c["passed"]) for c in compile_rows if "passed" in c
+      ]
     out.append((tid, what, limit, checks))
   return out
 
 
-def write_markdown(path: str, meta: dict, rows: list[Row], memory: list[dict],
-                   compile_rows: list[dict]) -> None:
+def write_markdown(
+  path: str, meta: dict, rows: list[Row], memory: list[dict], compile_rows: list[dict]
+) -> None:
   lines = [
-      "# LENA overhead benchmark", "",
-      f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']['cpu']}, "
-      f"{meta['machine']['cpu_cores']} cores; {meta['machine']['devices']}; jax "
-      f"{meta['machine']['jax']}, optax {meta['machine']['optax']}  ",
-      f"Repeats: {meta['repeats']}, interleaved (ratios of medians); total "
-      f"{meta['seconds']:.0f} s", "",
-      "## Targets", "", "| target | limit | measured | verdict |", "|---|---|---|---|",
+    "# LENA overhead benchmark",
+    "",
+    f"Command: `{meta['command']}`  ",
+    f"Machine: {meta['machine']['cpu']}, "
+    f"{meta['machine']['cpu_cores']} cores; {meta['machine']['devices']}; jax "
+    f"{meta['machine']['jax']}, optax {meta['machine']['optax']}  ",
+    f"Repeats: {meta['repeats']}, interleaved (ratios of medians); total {meta['seconds']:.0f} s",
+    "",
+    "## Targets",
+    "",
+    "| target | limit | measured | verdict |",
+    "|---|---|---|---|",
   ]
   for _, what, limit, checks in summary_targets(rows, memory, compile_rows):
     for label, value, passed in checks:
       unit = " B/leaf" if "B per leaf" in what else "x"
-      lines.append(f"| {what} ({label}) | {limit:g}{unit} | {value:.3f}{unit} | "
-                   f"{'PASS' if passed else 'FAIL'} |")
-  lines += ["", "## Time ratios", "",
-            "| section | tree / model | candidate | baseline | candidate ms | baseline ms "
-            "| ratio |",
-            "|---|---|---|---|---|---|---|"]
+      lines.append(
+        f"| {what} ({label}) | {limit:g}{unit} | {value:.3f}{unit} | "
+        f"{'PASS' if passed else 'FAIL'} |"
+      )
+  lines += [
+    "",
+    "## Time ratios",
+    "",
+    "| section | tree / model | candidate | baseline | candidate ms | baseline ms | ratio |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
-    lines.append(f"| {r.section} | {r.tree} | {r.candidate} | {r.baseline} | "
-                 f"{r.candidate_ms:.2f} | {r.baseline_ms:.2f} | **{r.ratio:.3f}** |")
-  lines += ["", "## Optimizer-state memory", "",
-            "| tree | leaves | params | optimizer | state MiB | SGD-momentum MiB | extra bytes | "
-            "extra B/leaf |", "|---|---|---|---|---|---|---|---|"]
+    lines.append(
+      f"| {r.section} | {r.tree} | {r.candidate} | {r.baseline} | "
+      f"{r.candidate_ms:.2f} | {r.baseline_ms:.2f} | **{r.ratio:.3f}** |"
+    )
+  lines += [
+    "",
+    "## Optimizer-state memory",
+    "",
+    "| tree | leaves | params | optimizer | state MiB | SGD-momentum MiB | extra bytes | "
+    "extra B/leaf |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for m in memory:
-    lines.append(f"| {m['tree']} | {m['leaves']} | {m['params']:,} | {m['optimizer']} | "
-                 f"{m['bytes'] / 2**20:.2f} | {m['sgd_momentum_bytes'] / 2**20:.2f} | "
-                 f"{m['extra_bytes']:,} | {m['extra_bytes_per_leaf']:.1f} |")
-  lines += ["", "## Compile time of the update step", "",
-            "| leaves | params | lena s | SGD-momentum s | ratio | lena kernels (distinct) | "
-            "SGD-momentum kernels (distinct) |", "|---|---|---|---|---|---|---|"]
+    lines.append(
+      f"| {m['tree']} | {m['leaves']} | {m['params']:,} | {m['optimizer']} | "
+      f"{m['bytes'] / 2**20:.2f} | {m['sgd_momentum_bytes'] / 2**20:.2f} | "
+      f"{m['extra_bytes']:,} | {m['extra_bytes_per_leaf']:.1f} |"
+    )
+  lines += [
+    "",
+    "## Compile time of the update step",
+    "",
+    "| leaves | params | lena s | SGD-momentum s | ratio | lena kernels (distinct) | "
+    "SGD-momentum kernels (distinct) |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for c in compile_rows:
-    lines.append(f"| {c['leaves']} | {c['params']:,} | {c['lena_s']:.2f} | "
-                 f"{c['sgd_momentum_s']:.2f} | **{c['ratio']:.2f}** | "
-                 f"{c['lena_kernels']} ({c['lena_distinct_kernels']}) | "
-                 f"{c['sgd_momentum_kernels']} ({c['sgd_momentum_distinct_kernels']}) |")
+    lines.append(
+      f"| {c['leaves']} | {c['params']:,} | {c['lena_s']:.2f} | "
+      f"{c['sgd_momentum_s']:.2f} | **{c['ratio']:.2f}** | "
+      f"{c['lena_kernels']} ({c['lena_distinct_kernels']}) | "
+      f"{c['sgd_momentum_kernels']} ({c['sgd_momentum_distinct_kernels']}) |"
+    )
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 
@@ -686,11 +799,13 @@ def write_plot(path: str, rows: list[Row], compile_rows: list[dict]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 0.32 * max(len(rows), 8) + 1.5),
-                                 gridspec_kw={"width_ratios": [2.2, 1]})
+  fig, (ax1, ax2) = plt.subplots(
+    1, 2, figsize=(15, 0.32 * max(len(rows), 8) + 1.5), gridspec_kw={"width_ratios": [2.2, 1]}
+  )
   labels = [f"{r.section} | {r.tree} | {r.candidate} / {r.baseline}" for r in rows]
-  colors = ["tab:gray" if r.passed is None else ("tab:green" if r.passed else "tab:red")
-            for r in rows]
+  colors = [
+    "tab:gray" if r.passed is None else ("tab:green" if r.passed else "tab:red") for r in rows
+  ]
   ypos = np.arange(len(rows))
   ax1.barh(ypos, [r.ratio for r in rows], color=colors)
   for y, r in zip(ypos, rows, strict=True):
@@ -733,17 +848,25 @@ class Config:
 
 
 FULL = Config()
-QUICK = Config(resnet_width=16, transformer=(4, 64), repeats=9, step_repeats=5,
-               train_models=(("cnn1d", 32, 0),),
-               compile_leaves=(50, 200), compile_repeats=1, train_min_seconds=0.0)
+QUICK = Config(
+  resnet_width=16,
+  transformer=(4, 64),
+  repeats=9,
+  step_repeats=5,
+  train_models=(("cnn1d", 32, 0),),
+  compile_leaves=(50, 200),
+  compile_repeats=1,
+  train_min_seconds=0.0,
+)
 
 
 def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> dict[str, Any]:
   start = time.perf_counter()
   trees = {
-      f"ResNet-18 (width {config.resnet_width})": resnet18_shapes(config.resnet_width),
-      "transformer ({} blocks, d={})".format(*config.transformer):
-          transformer_shapes(*config.transformer),
+    f"ResNet-18 (width {config.resnet_width})": resnet18_shapes(config.resnet_width),
+    "transformer ({} blocks, d={})".format(*config.transformer): transformer_shapes(
+      *config.transformer
+    ),
   }
   with jax.default_device(devices[0]):
     rows: list[Row] = []
@@ -754,29 +877,44 @@ def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> d
     for name, shapes in trees.items():
       rows += bench_dp_step(name, shapes, config.step_repeats, devices)
     for model_name, batch, width in config.train_models:
-      rows += bench_train_step(model_name, config.step_repeats, devices, batch, width,
-                               min_seconds=config.train_min_seconds)
+      rows += bench_train_step(
+        model_name, config.step_repeats, devices, batch, width, min_seconds=config.train_min_seconds
+      )
     memory = memory_rows(trees)
     compile_rows = bench_compile(config.compile_leaves, config.compile_repeats)
-  meta = {"command": command, "machine": machine_info(devices),
-          "repeats": f"{config.repeats} (update only), {config.step_repeats} (steps; training "
-                     f"steps: at least {config.train_min_seconds:g} s of rounds per model)",
-          "seconds": time.perf_counter() - start, "config": dataclasses.asdict(config)}
+  meta = {
+    "command": command,
+    "machine": machine_info(devices),
+    "repeats": f"{config.repeats} (update only), {config.step_repeats} (steps; training "
+    f"steps: at least {config.train_min_seconds:g} s of rounds per model)",
+    "seconds": time.perf_counter() - start,
+    "config": dataclasses.asdict(config),
+  }
   return write_reports(out_dir, meta, rows, memory, compile_rows)
 
 
-def write_reports(out_dir: str, meta: dict[str, Any], rows: list[Row], memory: list[dict],
-                  compile_rows: list[dict]) -> dict[str, Any]:
+def write_reports(
+  out_dir: str, meta: dict[str, Any], rows: list[Row], memory: list[dict], compile_rows: list[dict]
+) -> dict[str, Any]:
   """Writes overhead.md, overhead.json and overhead.png and prints PASS/FAIL per target."""
   os.makedirs(out_dir, exist_ok=True)
   write_markdown(os.path.join(out_dir, "overhead.md"), meta, rows, memory, compile_rows)
   targets = summary_targets(rows, memory, compile_rows)
-  result = {**meta, "rows": [dataclasses.asdict(r) | {"passed": r.passed} for r in rows],
-            "memory": memory, "compile": compile_rows,
-            "targets": [{"id": tid, "what": what, "limit": limit,
-                         "checks": [{"label": lb, "value": v, "passed": p}
-                                    for lb, v, p in checks]}
-                        for tid, what, limit, checks in targets]}
+  result = {
+    **meta,
+    "rows": [dataclasses.asdict(r) | {"passed": r.passed} for r in rows],
+    "memory": memory,
+    "compile": compile_rows,
+    "targets": [
+      {
+        "id": tid,
+        "what": what,
+        "limit": limit,
+        "checks": [{"label": lb, "value": v, "passed": p} for lb, v, p in checks],
+      }
+      for tid, what, limit, checks in targets
+    ],
+  }
   with open(os.path.join(out_dir, "overhead.json"), "w") as f:
     json.dump(result, f, indent=1)
   write_plot(os.path.join(out_dir, "overhead.png"), rows, compile_rows)
@@ -784,8 +922,7 @@ def write_reports(out_dir: str, meta: dict[str, Any], rows: list[Row], memory: l
   for _, what, limit, checks in targets:
     for label, value, passed in checks:
       log(f"  {'PASS' if passed else 'FAIL'}  {what} [{label}]: {value:.3f} (limit {limit:g})")
-  log(f"\nWrote {out_dir}/overhead.md, overhead.json, overhead.png "
-      f"({meta['seconds']:.0f} s)")
+  log(f"\nWrote {out_dir}/overhead.md, overhead.json, overhead.png ({meta['seconds']:.0f} s)")
   return result
 
 
@@ -794,14 +931,19 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--quick", action="store_true", help="small trees and few repeats (< 2 min)")
   parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
   parser.add_argument("--out", default="benchmarks/results")
-  parser.add_argument("--system-malloc", action="store_true",
-                      help="do not re-execute with the caching glibc malloc settings")
+  parser.add_argument(
+    "--system-malloc",
+    action="store_true",
+    help="do not re-execute with the caching glibc malloc settings",
+  )
   args = parser.parse_args(argv)
   jax.config.update("jax_platforms", "cpu" if args.device == "cpu" else "cuda")
   devices = jax.devices()[:NUM_WORKERS]
   if args.device == "cpu" and len(devices) < NUM_WORKERS:
-    log(f"warning: {len(devices)} CPU devices (set XLA_FLAGS before importing jax); the "
-        f"data-parallel sections use S = {len(devices)}")
+    log(
+      f"warning: {len(devices)} CPU devices (set XLA_FLAGS before importing jax); the "
+      f"data-parallel sections use S = {len(devices)}"
+    )
   command = "python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv)
   log(f"LENA overhead benchmark on {machine_info(devices)}")
   run(QUICK if args.quick else FULL, devices, args.out, command.strip())

@@ -22,8 +22,9 @@ import os
 
 # Simulate 8 devices on the CPU; XLA reads this when jax is first imported, so it comes first.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8").strip()
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  ).strip()
 
 import argparse
 import dataclasses
@@ -46,281 +47,323 @@ TARGET_FRACTIONS = (0.98, 0.90)
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """One run of the comparison."""
+  """One run of the comparison."""
 
-    label: str
-    optimizer: str
-    batch_scale: int
-    warmup: str  # the paper's choice for the method
+  label: str
+  optimizer: str
+  batch_scale: int
+  warmup: str  # the paper's choice for the method
 
 
 def methods(batch_scale: int) -> list[Method]:
-    """The single-worker baseline and the three large-batch methods with their paper warm-ups."""
-    return [
-        Method("SGD 1 worker", "sgd", 1, "none"),
-        Method("LSW", "lsw", batch_scale, "fixed"),
-        Method("AdaScale", "adascale", batch_scale, "none"),
-        Method("LENA", "lena", batch_scale, "state_aware"),
-    ]
+  """The single-worker baseline and the three large-batch methods with their paper warm-ups."""
+  return [
+    Method("SGD 1 worker", "sgd", 1, "none"),
+    Method("LSW", "lsw", batch_scale, "fixed"),
+    Method("AdaScale", "adascale", batch_scale, "none"),
+    Method("LENA", "lena", batch_scale, "state_aware"),
+  ]
 
 
 def demo_config(quick: bool, cache_dir: str) -> configs_lib.Config:
-    """The shared configuration (MNIST-1D, CNN1D) of every method.
+  """The shared configuration (MNIST-1D, CNN1D) of every method.
 
-    Args:
-      quick: a seconds-long version for tests.
-      cache_dir: where MNIST-1D is cached.
+  Args:
+    quick: a seconds-long version for tests.
+    cache_dir: where MNIST-1D is cached.
 
-    Returns:
-      The base configuration; :func:`method_config` sets optimizer and batch.
-    """
+  Returns:
+    The base configuration; :func:`method_config` sets optimizer and batch.
+  """
+  config = dataclasses.replace(
+    configs_lib.get_config("default"),
+    cache_dir=cache_dir,
+    per_worker_batch=16,
+    learning_rate=0.05,
+    num_epochs=30,
+    checkpoint_every=0,  # the demo always starts afresh
+    parallel="shard_map",
+  )
+  if quick:
     config = dataclasses.replace(
-        configs_lib.get_config("default"),
-        cache_dir=cache_dir,
-        per_worker_batch=16,
-        learning_rate=0.05,
-        num_epochs=30,
-        checkpoint_every=0,  # the demo always starts afresh
-        parallel="shard_map",
+      config,
+      mnist1d_num_samples=1000,
+      per_worker_batch=8,
+      width=8,
+      num_epochs=2,
+      eval_batch_size=200,
+      progress_bar=False,
     )
-    if quick:
-        config = dataclasses.replace(config, mnist1d_num_samples=1000, per_worker_batch=8,
-                                     width=8, num_epochs=2, eval_batch_size=200,
-                                     progress_bar=False)
-    return config
+  return config
 
 
 def method_config(base: configs_lib.Config, method: Method) -> configs_lib.Config:
-    """``base`` with the method's optimizer, warm-up, batch and logging cadence."""
-    large = method.batch_scale > 1
-    return dataclasses.replace(
-        base,
-        optimizer=method.optimizer,
-        warmup=method.warmup,
-        batch_scale=method.batch_scale,
-        # Once per epoch for the baseline; every other update at large batch, which makes few
-        # updates per epoch, so that "iterations to target" is precise.
-        eval_every=2 if large else 0,
-        # Optimizer diagnostics every update (the multiplier plot); the baseline has none.
-        log_every=1 if large else 0,
-    )
+  """``base`` with the method's optimizer, warm-up, batch and logging cadence."""
+  large = method.batch_scale > 1
+  return dataclasses.replace(
+    base,
+    optimizer=method.optimizer,
+    warmup=method.warmup,
+    batch_scale=method.batch_scale,
+    # Once per epoch for the baseline; every other update at large batch, which makes few
+    # updates per epoch, so that "iterations to target" is precise.
+    eval_every=2 if large else 0,
+    # Optimizer diagnostics every update (the multiplier plot); the baseline has none.
+    log_every=1 if large else 0,
+  )
 
 
 def iterations_to_target(records: list[dict[str, Any]], target: float) -> int | None:
-    """The first evaluated iteration whose accuracy reaches ``target`` (None: never)."""
-    for r in records:
-        if r["eval_accuracy"] >= target:
-            return int(r["iteration"])
-    return None
+  """The first evaluated iteration whose accuracy reaches ``target`` (None: never)."""
+  for r in records:
+    if r["eval_accuracy"] >= target:
+      return int(r["iteration"])
+  return None
 
 
-def run_methods(config: configs_lib.Config, workdir: Path,
-                batch_scale: int) -> dict[str, dict[str, Any]]:
-    """Trains every method from scratch and reads back its metrics.
+def run_methods(
+  config: configs_lib.Config, workdir: Path, batch_scale: int
+) -> dict[str, dict[str, Any]]:
+  """Trains every method from scratch and reads back its metrics.
 
-    Args:
-      config: the shared configuration.
-      workdir: the demo directory; each method gets a fresh sub-directory.
-      batch_scale: S of the large-batch methods.
+  Args:
+    config: the shared configuration.
+    workdir: the demo directory; each method gets a fresh sub-directory.
+    batch_scale: S of the large-batch methods.
 
-    Returns:
-      Per method label: ``method``, ``config``, ``evals`` and ``train`` records and ``seconds``.
-    """
-    results = {}
-    for method in methods(batch_scale):
-        run_dir = workdir / method.optimizer
-        shutil.rmtree(run_dir, ignore_errors=True)
-        cfg = method_config(config, method)
-        print(f"\n== {method.label}: per-worker batch {cfg.per_worker_batch} x S="
-              f"{method.batch_scale}, {cfg.num_epochs} epochs ==", flush=True)
-        start = time.perf_counter()
-        train.train_and_evaluate(cfg, run_dir)
-        seconds = time.perf_counter() - start
-        results[method.label] = {
-            "method": method, "config": cfg, "seconds": seconds,
-            "layout": json.loads((run_dir / "config.json").read_text())["layout"],
-            "evals": train.read_metrics(run_dir, "eval"),
-            "all": train.read_metrics(run_dir, None),
-        }
-        final = results[method.label]["evals"][-1]["eval_accuracy"]
-        print(f"   {method.label}: test accuracy {final:.4f} in {seconds:.0f} s", flush=True)
-    return results
+  Returns:
+    Per method label: ``method``, ``config``, ``evals`` and ``train`` records and ``seconds``.
+  """
+  results = {}
+  for method in methods(batch_scale):
+    run_dir = workdir / method.optimizer
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = method_config(config, method)
+    print(
+      f"\n== {method.label}: per-worker batch {cfg.per_worker_batch} x S="
+      f"{method.batch_scale}, {cfg.num_epochs} epochs ==",
+      flush=True,
+    )
+    start = time.perf_counter()
+    train.train_and_evaluate(cfg, run_dir)
+    seconds = time.perf_counter() - start
+    results[method.label] = {
+      "method": method,
+      "config": cfg,
+      "seconds": seconds,
+      "layout": json.loads((run_dir / "config.json").read_text())["layout"],
+      "evals": train.read_metrics(run_dir, "eval"),
+      "all": train.read_metrics(run_dir, None),
+    }
+    final = results[method.label]["evals"][-1]["eval_accuracy"]
+    print(f"   {method.label}: test accuracy {final:.4f} in {seconds:.0f} s", flush=True)
+  return results
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> tuple[list[float], list[dict[str, Any]]]:
-    """Table rows: accuracy at the epoch budget and iterations to the baseline's accuracy.
+  """Table rows: accuracy at the epoch budget and iterations to the baseline's accuracy.
 
-    Args:
-      results: from :func:`run_methods`; the first entry is the single-worker baseline.
+  Args:
+    results: from :func:`run_methods`; the first entry is the single-worker baseline.
 
-    Returns:
-      ``(targets, rows)``: the accuracies ``TARGET_FRACTIONS x`` the baseline's final one, and
-      per method a row whose ``iterations_to_target`` lists the first iteration reaching each
-      (None: never).
-    """
-    baseline = next(iter(results.values()))
-    targets = [f * baseline["evals"][-1]["eval_accuracy"] for f in TARGET_FRACTIONS]
-    rows = []
-    for label, res in results.items():
-        evals = res["evals"]
-        rows.append({
-            "method": label,
-            "global_batch": res["layout"]["global_batch"],
-            "S": res["layout"]["num_samples"],
-            "devices_x_micro": f"{res['layout']['num_devices']}x{res['layout']['micro_batches']}",
-            "iterations": evals[-1]["iteration"],
-            "final_accuracy": evals[-1]["eval_accuracy"],
-            "best_accuracy": max(r["eval_accuracy"] for r in evals),
-            "iterations_to_target": [iterations_to_target(evals, t) for t in targets],
-            "seconds": res["seconds"],
-        })
-    return targets, rows
+  Returns:
+    ``(targets, rows)``: the accuracies ``TARGET_FRACTIONS x`` the baseline's final one, and
+    per method a row whose ``iterations_to_target`` lists the first iteration reaching each
+    (None: never).
+  """
+  baseline = next(iter(results.values()))
+  targets = [f * baseline["evals"][-1]["eval_accuracy"] for f in TARGET_FRACTIONS]
+  rows = []
+  for label, res in results.items():
+    evals = res["evals"]
+    rows.append(
+      {
+        "method": label,
+        "global_batch": res["layout"]["global_batch"],
+        "S": res["layout"]["num_samples"],
+        "devices_x_micro": f"{res['layout']['num_devices']}x{res['layout']['micro_batches']}",
+        "iterations": evals[-1]["iteration"],
+        "final_accuracy": evals[-1]["eval_accuracy"],
+        "best_accuracy": max(r["eval_accuracy"] for r in evals),
+        "iterations_to_target": [iterations_to_target(evals, t) for t in targets],
+        "seconds": res["seconds"],
+      }
+    )
+  return targets, rows
 
 
 def format_table(targets: list[float], rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of :func:`summarize`'s rows."""
-    reach_heads = "".join(f" iterations to {f:.0%} ({t:.4f}) |"
-                          for f, t in zip(TARGET_FRACTIONS, targets, strict=True))
-    lines = [
-        "| method | global batch | S (devices x micro) | iterations | test acc @ budget "
-        f"| best acc |{reach_heads} time (s) |",
-        "|---|---|---|---|---|---|" + "---|" * len(targets) + "---|",
-    ]
-    for r in rows:
-        reach = "".join(f" {'never' if it is None else it} |" for it in r["iterations_to_target"])
-        lines.append(
-            f"| {r['method']} | {r['global_batch']} | {r['S']} ({r['devices_x_micro']}) "
-            f"| {r['iterations']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} "
-            f"|{reach} {r['seconds']:.0f} |")
-    return "\n".join(lines)
+  """A Markdown table of :func:`summarize`'s rows."""
+  reach_heads = "".join(
+    f" iterations to {f:.0%} ({t:.4f}) |" for f, t in zip(TARGET_FRACTIONS, targets, strict=True)
+  )
+  lines = [
+    "| method | global batch | S (devices x micro) | iterations | test acc @ budget "
+    f"| best acc |{reach_heads} time (s) |",
+    "|---|---|---|---|---|---|" + "---|" * len(targets) + "---|",
+  ]
+  for r in rows:
+    reach = "".join(f" {'never' if it is None else it} |" for it in r["iterations_to_target"])
+    lines.append(
+      f"| {r['method']} | {r['global_batch']} | {r['S']} ({r['devices_x_micro']}) "
+      f"| {r['iterations']} | {r['final_accuracy']:.4f} | {r['best_accuracy']:.4f} "
+      f"|{reach} {r['seconds']:.0f} |"
+    )
+  return "\n".join(lines)
 
 
 def _layer_series(records: list[dict[str, Any]], key: str) -> dict[str, tuple[list, list]]:
-    series: dict[str, tuple[list, list]] = {}
-    for r in records:
-        for layer, value in r.get(key, {}).items():
-            xs, ys = series.setdefault(layer, ([], []))
-            xs.append(r["iteration"])
-            ys.append(value)
-    return series
+  series: dict[str, tuple[list, list]] = {}
+  for r in records:
+    for layer, value in r.get(key, {}).items():
+      xs, ys = series.setdefault(layer, ([], []))
+      xs.append(r["iteration"])
+      ys.append(value)
+  return series
 
 
-def plot_all(results: dict[str, dict[str, Any]], targets: list[float],
-             workdir: Path) -> list[Path]:
-    """Writes ``accuracy.png``, ``lr_multipliers.png`` and ``warmup_end.png``.
+def plot_all(results: dict[str, dict[str, Any]], targets: list[float], workdir: Path) -> list[Path]:
+  """Writes ``accuracy.png``, ``lr_multipliers.png`` and ``warmup_end.png``.
 
-    Args:
-      results: from :func:`run_methods`.
-      targets: the accuracy target lines.
-      workdir: output directory.
+  Args:
+    results: from :func:`run_methods`.
+    targets: the accuracy target lines.
+    workdir: output directory.
 
-    Returns:
-      The paths written.
-    """
-    import matplotlib
+  Returns:
+    The paths written.
+  """
+  import matplotlib
 
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
+  matplotlib.use("Agg")  # files only: no display needed
+  import matplotlib.pyplot as plt
 
-    paths = []
+  paths = []
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for label, res in results.items():
+    its = [r["iteration"] for r in res["evals"]]
+    ax.plot(
+      its,
+      [r["eval_accuracy"] for r in res["evals"]],
+      label=f"{label} (batch {res['layout']['global_batch']})",
+    )
+  for f, t, ls in zip(TARGET_FRACTIONS, targets, (":", "-."), strict=True):
+    ax.axhline(t, color="gray", ls=ls, lw=1, label=f"{f:.0%} of 1-worker accuracy")
+  ax.set(
+    xscale="log",
+    xlabel="iterations (updates)",
+    ylabel="test accuracy",
+    title="MNIST-1D, equal epoch budget",
+  )
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  paths.append(save_figure(fig, workdir / "accuracy.png"))
+
+  lena = results.get("LENA")
+  if lena is not None:
+    records = [r for r in lena["all"] if "lr_multiplier" in r]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, res in results.items():
-        its = [r["iteration"] for r in res["evals"]]
-        ax.plot(its, [r["eval_accuracy"] for r in res["evals"]],
-                label=f"{label} (batch {res['layout']['global_batch']})")
-    for f, t, ls in zip(TARGET_FRACTIONS, targets, (":", "-."), strict=True):
-        ax.axhline(t, color="gray", ls=ls, lw=1, label=f"{f:.0%} of 1-worker accuracy")
-    ax.set(xscale="log", xlabel="iterations (updates)", ylabel="test accuracy",
-           title="MNIST-1D, equal epoch budget")
+    for layer, (xs, ys) in sorted(_layer_series(records, "lr_multiplier").items()):
+      ax.plot(xs, ys, lw=1.2, label=layer)
+    ada = results.get("AdaScale")
+    if ada is not None:
+      recs = [r for r in ada["all"] if "global_ratio" in r]
+      ax.plot(
+        [r["iteration"] for r in recs],
+        [r["global_ratio"] for r in recs],
+        "k--",
+        lw=1,
+        label="AdaScale (all layers)",
+      )
+    s = lena["layout"]["num_samples"]
+    ax.axhline(s, color="gray", ls=":", lw=1, label=f"LSW after warm-up (S={s})")
+    ax.set(
+      xlabel="iteration",
+      ylabel="rate multiplier r_k x warm-up factor",
+      title=f"LENA per-layer learning-rate multipliers (S={s})",
+    )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    paths.append(save_figure(fig, workdir / "accuracy.png"))
+    ax.legend(fontsize=7, ncol=2)
+    paths.append(save_figure(fig, workdir / "lr_multipliers.png"))
 
-    lena = results.get("LENA")
-    if lena is not None:
-        records = [r for r in lena["all"] if "lr_multiplier" in r]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for layer, (xs, ys) in sorted(_layer_series(records, "lr_multiplier").items()):
-            ax.plot(xs, ys, lw=1.2, label=layer)
-        ada = results.get("AdaScale")
-        if ada is not None:
-            recs = [r for r in ada["all"] if "global_ratio" in r]
-            ax.plot([r["iteration"] for r in recs], [r["global_ratio"] for r in recs], "k--",
-                    lw=1, label="AdaScale (all layers)")
-        s = lena["layout"]["num_samples"]
-        ax.axhline(s, color="gray", ls=":", lw=1, label=f"LSW after warm-up (S={s})")
-        ax.set(xlabel="iteration", ylabel="rate multiplier r_k x warm-up factor",
-               title=f"LENA per-layer learning-rate multipliers (S={s})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        paths.append(save_figure(fig, workdir / "lr_multipliers.png"))
-
-        ends = records[-1]["warmup_end_step"] if records else {}
-        total = lena["evals"][-1]["iteration"]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        layers = list(ends)
-        values = [ends[k] if ends[k] > 0 else total for k in layers]
-        colors = ["tab:blue" if ends[k] > 0 else "lightgray" for k in layers]
-        ax.barh(layers, values, color=colors)
-        lsw = results.get("LSW")
-        if lsw is not None:
-            fixed_end = math.ceil(lsw["config"].warmup_fraction * total)
-            ax.axvline(fixed_end, color="tab:red", ls="--",
-                       label=f"LSW fixed warm-up end (iteration {fixed_end})")
-            ax.legend(fontsize=8)
-        ax.invert_yaxis()
-        ax.set(xlabel="iteration at which the layer's warm-up ended (gray: not ended)",
-               title="LENA state-aware warm-up: per-layer end (cf. paper Fig. 7)")
-        ax.grid(alpha=0.3, axis="x")
-        paths.append(save_figure(fig, workdir / "warmup_end.png"))
-    return paths
+    ends = records[-1]["warmup_end_step"] if records else {}
+    total = lena["evals"][-1]["iteration"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    layers = list(ends)
+    values = [ends[k] if ends[k] > 0 else total for k in layers]
+    colors = ["tab:blue" if ends[k] > 0 else "lightgray" for k in layers]
+    ax.barh(layers, values, color=colors)
+    lsw = results.get("LSW")
+    if lsw is not None:
+      fixed_end = math.ceil(lsw["config"].warmup_fraction * total)
+      ax.axvline(
+        fixed_end, color="tab:red", ls="--", label=f"LSW fixed warm-up end (iteration {fixed_end})"
+      )
+      ax.legend(fontsize=8)
+    ax.invert_yaxis()
+    ax.set(
+      xlabel="iteration at which the layer's warm-up ended (gray: not ended)",
+      title="LENA state-aware warm-up: per-layer end (cf. paper Fig. 7)",
+    )
+    ax.grid(alpha=0.3, axis="x")
+    paths.append(save_figure(fig, workdir / "warmup_end.png"))
+  return paths
 
 
-def main(quick: bool = False, workdir: str | Path = "runs/demo",
-         cache_dir: str = "data_cache", batch_scale: int = 32) -> dict[str, Any]:
-    """Runs the comparison, prints the table and writes the plots.
+def main(
+  quick: bool = False,
+  workdir: str | Path = "runs/demo",
+  cache_dir: str = "data_cache",
+  batch_scale: int = 32,
+) -> dict[str, Any]:
+  """Runs the comparison, prints the table and writes the plots.
 
-    Args:
-      quick: seconds-long version (tiny data, 2 epochs) for tests.
-      workdir: output directory.
-      cache_dir: MNIST-1D cache directory.
-      batch_scale: S of the large-batch runs.
+  Args:
+    quick: seconds-long version (tiny data, 2 epochs) for tests.
+    workdir: output directory.
+    cache_dir: MNIST-1D cache directory.
+    batch_scale: S of the large-batch runs.
 
-    Returns:
-      ``{'targets', 'rows', 'table', 'plots', 'seconds'}``.
-    """
-    start = time.perf_counter()
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    config = demo_config(quick, cache_dir)
-    results = run_methods(config, workdir, 8 if quick else batch_scale)
-    targets, rows = summarize(results)
-    table = format_table(targets, rows)
-    plots = plot_all(results, targets, workdir)
-    seconds = time.perf_counter() - start
-    (workdir / "table.md").write_text(table + "\n")
-    (workdir / "summary.json").write_text(json.dumps(
-        {"targets": targets, "target_fractions": TARGET_FRACTIONS, "rows": rows,
-         "seconds": seconds}, indent=2))
-    print(f"\nMNIST-1D, {config.num_epochs} epochs for every method; targets = "
-          f"{', '.join(f'{f:.0%}' for f in TARGET_FRACTIONS)} of the single-worker "
-          "accuracy.\n")
-    print(table)
-    print(f"\nPlots: {', '.join(str(p) for p in plots)}\nTotal time {seconds:.0f} s.")
-    return {"targets": targets, "rows": rows, "table": table, "plots": plots,
-            "seconds": seconds}
+  Returns:
+    ``{'targets', 'rows', 'table', 'plots', 'seconds'}``.
+  """
+  start = time.perf_counter()
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  config = demo_config(quick, cache_dir)
+  results = run_methods(config, workdir, 8 if quick else batch_scale)
+  targets, rows = summarize(results)
+  table = format_table(targets, rows)
+  plots = plot_all(results, targets, workdir)
+  seconds = time.perf_counter() - start
+  (workdir / "table.md").write_text(table + "\n")
+  (workdir / "summary.json").write_text(
+    json.dumps(
+      {"targets": targets, "target_fractions": TARGET_FRACTIONS, "rows": rows, "seconds": seconds},
+      indent=2,
+    )
+  )
+  print(
+    f"\nMNIST-1D, {config.num_epochs} epochs for every method; targets = "
+    f"{', '.join(f'{f:.0%}' for f in TARGET_FRACTIONS)} of the single-worker "
+    "accuracy.\n"
+  )
+  print(table)
+  print(f"\nPlots: {', '.join(str(p) for p in plots)}\nTotal time {seconds:.0f} s.")
+  return {"targets": targets, "rows": rows, "table": table, "plots": plots, "seconds": seconds}
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="seconds-long smoke version")
-    parser.add_argument("--workdir", default="runs/demo")
-    parser.add_argument("--cache_dir", default="data_cache")
-    parser.add_argument("--batch_scale", type=int, default=32, help="S of the large batch")
-    return parser.parse_args(argv)
+  parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
+  parser.add_argument("--quick", action="store_true", help="seconds-long smoke version")
+  parser.add_argument("--workdir", default="runs/demo")
+  parser.add_argument("--cache_dir", default="data_cache")
+  parser.add_argument("--batch_scale", type=int, default=32, help="S of the large batch")
+  return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    args = _parse(None)
-    main(quick=args.quick, workdir=args.workdir, cache_dir=args.cache_dir,
-         batch_scale=args.batch_scale)
+  args = _parse(None)
+  main(
+    quick=args.quick, workdir=args.workdir, cache_dir=args.cache_dir, batch_scale=args.batch_scale
+  )

@@ -32,148 +32,148 @@ _MNIST1D_CACHE_VERSION = 1
 
 
 def _mnist1d_args(seed: int, num_samples: int) -> dict[str, Any]:
-    """The generation arguments: mnist1d's defaults with our seed / size."""
-    from mnist1d.data import get_dataset_args
+  """The generation arguments: mnist1d's defaults with our seed / size."""
+  from mnist1d.data import get_dataset_args
 
-    args = get_dataset_args(as_dict=True)
-    # The URL only matters to mnist1d's download path, which we never use; dropping it keeps
-    # the cache key independent of where upstream hosts its pickle.
-    args.pop("url", None)
-    args.update(seed=int(seed), num_samples=int(num_samples))
-    return args
+  args = get_dataset_args(as_dict=True)
+  # The URL only matters to mnist1d's download path, which we never use; dropping it keeps
+  # the cache key independent of where upstream hosts its pickle.
+  args.pop("url", None)
+  args.update(seed=int(seed), num_samples=int(num_samples))
+  return args
 
 
 def _mnist1d_cache_path(cache_dir: Path, args: dict[str, Any]) -> Path:
-    blob = json.dumps({"version": _MNIST1D_CACHE_VERSION, **args}, sort_keys=True)
-    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
-    return cache_dir / f"mnist1d_seed{args['seed']}_n{args['num_samples']}_{digest}.npz"
+  blob = json.dumps({"version": _MNIST1D_CACHE_VERSION, **args}, sort_keys=True)
+  digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+  return cache_dir / f"mnist1d_seed{args['seed']}_n{args['num_samples']}_{digest}.npz"
 
 
 def _generate_mnist1d(args: dict[str, Any]) -> dict[str, np.ndarray]:
-    from mnist1d.data import make_dataset
-    from mnist1d.utils import ObjectView
+  from mnist1d.data import make_dataset
+  from mnist1d.utils import ObjectView
 
-    # make_dataset seeds the *global* `random` and `np.random` states (mnist1d.utils.set_seed);
-    # restore them so that generating data has no side effect on the caller's randomness.
-    np_state, py_state = np.random.get_state(), random.getstate()
-    try:
-        data = make_dataset(ObjectView(dict(args)))
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
-    return {
-        "x_train": np.asarray(data["x"], np.float32),
-        "y_train": np.asarray(data["y"], np.int32),
-        "x_test": np.asarray(data["x_test"], np.float32),
-        "y_test": np.asarray(data["y_test"], np.int32),
-    }
+  # make_dataset seeds the *global* `random` and `np.random` states (mnist1d.utils.set_seed);
+  # restore them so that generating data has no side effect on the caller's randomness.
+  np_state, py_state = np.random.get_state(), random.getstate()
+  try:
+    data = make_dataset(ObjectView(dict(args)))
+  finally:
+    np.random.set_state(np_state)
+    random.setstate(py_state)
+  return {
+    "x_train": np.asarray(data["x"], np.float32),
+    "y_train": np.asarray(data["y"], np.int32),
+    "x_test": np.asarray(data["x_test"], np.float32),
+    "y_test": np.asarray(data["y_test"], np.int32),
+  }
 
 
 def load_mnist1d(
-    cache_dir: str | Path,
-    seed: int = 0,
-    *,
-    num_samples: int = 5000,
-    num_validation: int = 0,
+  cache_dir: str | Path,
+  seed: int = 0,
+  *,
+  num_samples: int = 5000,
+  num_validation: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Generates (or loads from the cache) the MNIST-1D dataset.
+  """Generates (or loads from the cache) the MNIST-1D dataset.
 
-    The data are produced by ``mnist1d.data.make_dataset`` with the package's default
-    generation arguments (sequence length 40, 10 classes, 80/20 train/test split) except for
-    ``seed`` and ``num_samples``. Nothing is downloaded. Note that the published
-    ``mnist1d_data.pkl`` corresponds to ``seed=42``; other seeds give other (equally hard)
-    draws. The arrays are cached in ``cache_dir`` under a name derived from all generation
-    arguments, so a second call with the same arguments only reads the ``.npz``.
+  The data are produced by ``mnist1d.data.make_dataset`` with the package's default
+  generation arguments (sequence length 40, 10 classes, 80/20 train/test split) except for
+  ``seed`` and ``num_samples``. Nothing is downloaded. Note that the published
+  ``mnist1d_data.pkl`` corresponds to ``seed=42``; other seeds give other (equally hard)
+  draws. The arrays are cached in ``cache_dir`` under a name derived from all generation
+  arguments, so a second call with the same arguments only reads the ``.npz``.
 
-    Args:
-      cache_dir: directory for the ``.npz`` cache (created if missing).
-      seed: generation seed (mnist1d's ``args.seed``).
-      num_samples: total number of examples before the 80/20 train/test split (mnist1d draws
-        ``num_samples // 10`` per class).
-      num_validation: if positive, the last ``num_validation`` training examples (the
-        generator already shuffled them) are moved to ``x_val``/``y_val``. Deterministic.
+  Args:
+    cache_dir: directory for the ``.npz`` cache (created if missing).
+    seed: generation seed (mnist1d's ``args.seed``).
+    num_samples: total number of examples before the 80/20 train/test split (mnist1d draws
+      ``num_samples // 10`` per class).
+    num_validation: if positive, the last ``num_validation`` training examples (the
+      generator already shuffled them) are moved to ``x_val``/``y_val``. Deterministic.
 
-    Returns:
-      A dict with ``x_train`` (float32 ``[N, 40]``), ``y_train`` (int32 ``[N]``), ``x_val``,
-      ``y_val`` (possibly empty), ``x_test`` and ``y_test``; labels are in ``[0, 10)``.
+  Returns:
+    A dict with ``x_train`` (float32 ``[N, 40]``), ``y_train`` (int32 ``[N]``), ``x_val``,
+    ``y_val`` (possibly empty), ``x_test`` and ``y_test``; labels are in ``[0, 10)``.
 
-    Raises:
-      ValueError: if ``num_validation`` is negative or not smaller than the training set.
-    """
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    args = _mnist1d_args(seed, num_samples)
-    path = _mnist1d_cache_path(cache_dir, args)
-    if path.exists():
-        with np.load(path) as f:
-            data = {k: f[k] for k in f.files}
-    else:
-        data = _generate_mnist1d(args)
-        # Write to a unique temporary file and rename: concurrent writers (pytest-xdist,
-        # several training processes) then never observe a half-written cache file.
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **data)
-        os.replace(tmp, path)
+  Raises:
+    ValueError: if ``num_validation`` is negative or not smaller than the training set.
+  """
+  cache_dir = Path(cache_dir)
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  args = _mnist1d_args(seed, num_samples)
+  path = _mnist1d_cache_path(cache_dir, args)
+  if path.exists():
+    with np.load(path) as f:
+      data = {k: f[k] for k in f.files}
+  else:
+    data = _generate_mnist1d(args)
+    # Write to a unique temporary file and rename: concurrent writers (pytest-xdist,
+    # several training processes) then never observe a half-written cache file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+      np.savez(f, **data)
+    os.replace(tmp, path)
 
-    n_train = len(data["y_train"])
-    if not 0 <= num_validation < n_train:
-        raise ValueError(f"num_validation must be in [0, {n_train}), got {num_validation}.")
-    split = n_train - num_validation
-    return {
-        "x_train": data["x_train"][:split],
-        "y_train": data["y_train"][:split],
-        "x_val": data["x_train"][split:],
-        "y_val": data["y_train"][split:],
-        "x_test": data["x_test"],
-        "y_test": data["y_test"],
-    }
+  n_train = len(data["y_train"])
+  if not 0 <= num_validation < n_train:
+    raise ValueError(f"num_validation must be in [0, {n_train}), got {num_validation}.")
+  split = n_train - num_validation
+  return {
+    "x_train": data["x_train"][:split],
+    "y_train": data["y_train"][:split],
+    "x_val": data["x_train"][split:],
+    "y_val": data["y_train"][split:],
+    "x_test": data["x_test"],
+    "y_test": data["y_test"],
+  }
 
 
 def numpy_batches(
-    x: np.ndarray,
-    y: np.ndarray,
-    batch_size: int,
-    *,
-    rng: np.random.Generator | None = None,
-    shuffle: bool = True,
-    drop_remainder: bool = True,
+  x: np.ndarray,
+  y: np.ndarray,
+  batch_size: int,
+  *,
+  rng: np.random.Generator | None = None,
+  shuffle: bool = True,
+  drop_remainder: bool = True,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Iterates over one epoch of ``(x, y)`` in mini-batches.
+  """Iterates over one epoch of ``(x, y)`` in mini-batches.
 
-    Every example appears at most once per epoch (exactly once unless ``drop_remainder``
-    drops the last ``len(x) % batch_size`` examples of the permutation).
+  Every example appears at most once per epoch (exactly once unless ``drop_remainder``
+  drops the last ``len(x) % batch_size`` examples of the permutation).
 
-    Args:
-      x: inputs, indexed along the first axis.
-      y: labels, same first dimension as ``x``.
-      batch_size: examples per batch.
-      rng: numpy generator used for the permutation; required when ``shuffle``.
-      shuffle: draw a fresh random permutation (else keep the data order).
-      drop_remainder: skip a final, smaller batch (keeps shapes static for ``jit``).
+  Args:
+    x: inputs, indexed along the first axis.
+    y: labels, same first dimension as ``x``.
+    batch_size: examples per batch.
+    rng: numpy generator used for the permutation; required when ``shuffle``.
+    shuffle: draw a fresh random permutation (else keep the data order).
+    drop_remainder: skip a final, smaller batch (keeps shapes static for ``jit``).
 
-    Yields:
-      ``(x_batch, y_batch)`` pairs.
+  Yields:
+    ``(x_batch, y_batch)`` pairs.
 
-    Raises:
-      ValueError: on mismatched lengths, a non-positive batch size, or ``shuffle`` without
-        ``rng``.
-    """
-    n = len(x)
-    if len(y) != n:
-        raise ValueError(f"x and y lengths differ: {n} != {len(y)}.")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}.")
-    if shuffle:
-        if rng is None:
-            raise ValueError("shuffle=True needs an explicit rng (np.random.Generator).")
-        order = rng.permutation(n)
-    else:
-        order = np.arange(n)
-    stop = n - n % batch_size if drop_remainder else n
-    for start in range(0, stop, batch_size):
-        idx = order[start:start + batch_size]
-        yield x[idx], y[idx]
+  Raises:
+    ValueError: on mismatched lengths, a non-positive batch size, or ``shuffle`` without
+      ``rng``.
+  """
+  n = len(x)
+  if len(y) != n:
+    raise ValueError(f"x and y lengths differ: {n} != {len(y)}.")
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}.")
+  if shuffle:
+    if rng is None:
+      raise ValueError("shuffle=True needs an explicit rng (np.random.Generator).")
+    order = rng.permutation(n)
+  else:
+    order = np.arange(n)
+  stop = n - n % batch_size if drop_remainder else n
+  for start in range(0, stop, batch_size):
+    idx = order[start : start + batch_size]
+    yield x[idx], y[idx]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,20 +182,20 @@ def numpy_batches(
 
 # Per-channel mean / std of the official *train* images, in [0, 1] units (RGB).
 CIFAR_MEAN: dict[str, tuple[float, float, float]] = {
-    "cifar10": (0.4914, 0.4822, 0.4465),
-    "cifar100": (0.5071, 0.4865, 0.4409),
+  "cifar10": (0.4914, 0.4822, 0.4465),
+  "cifar100": (0.5071, 0.4865, 0.4409),
 }
 CIFAR_STD: dict[str, tuple[float, float, float]] = {
-    "cifar10": (0.2470, 0.2435, 0.2616),
-    "cifar100": (0.2673, 0.2564, 0.2762),
+  "cifar10": (0.2470, 0.2435, 0.2616),
+  "cifar100": (0.2673, 0.2564, 0.2762),
 }
 CIFAR_NUM_CLASSES: dict[str, int] = {"cifar10": 10, "cifar100": 100}
 
 # Our split names -> TFDS split strings: 45k/5k train/validation out of the official 50k train.
 CIFAR_SPLITS: dict[str, str] = {
-    "train": "train[:45000]",
-    "validation": "train[45000:]",
-    "test": "test",
+  "train": "train[:45000]",
+  "validation": "train[45000:]",
+  "test": "test",
 }
 CIFAR_SPLIT_SIZES: dict[str, int] = {"train": 45_000, "validation": 5_000, "test": 10_000}
 
@@ -204,162 +204,160 @@ _CIFAR_SIZE = 32
 
 
 def _import_tf() -> tuple[Any, Any]:
-    """Imports TensorFlow / TFDS on first use and keeps TensorFlow off the accelerators."""
-    # Quieten TF's C++ start-up logging unless the user asked for it.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
+  """Imports TensorFlow / TFDS on first use and keeps TensorFlow off the accelerators."""
+  # Quieten TF's C++ start-up logging unless the user asked for it.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
 
-    # TF would otherwise grab (all of) the GPU memory that JAX needs; the pipeline is CPU-only.
-    # RuntimeError: TF's devices were already initialised (e.g. hidden by an earlier call).
-    with contextlib.suppress(RuntimeError):
-        tf.config.set_visible_devices([], "GPU")
-    return tf, tfds
+  # TF would otherwise grab (all of) the GPU memory that JAX needs; the pipeline is CPU-only.
+  # RuntimeError: TF's devices were already initialised (e.g. hidden by an earlier call).
+  with contextlib.suppress(RuntimeError):
+    tf.config.set_visible_devices([], "GPU")
+  return tf, tfds
 
 
 def _check_cifar_name(name: str) -> str:
-    if name not in CIFAR_MEAN:
-        raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(CIFAR_MEAN)}.")
-    return name
+  if name not in CIFAR_MEAN:
+    raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(CIFAR_MEAN)}.")
+  return name
 
 
 def cifar_split(split: str) -> str:
-    """Maps ``'train'``/``'validation'``/``'test'`` to the TFDS split string.
+  """Maps ``'train'``/``'validation'``/``'test'`` to the TFDS split string.
 
-    Args:
-      split: one of ``CIFAR_SPLITS``.
+  Args:
+    split: one of ``CIFAR_SPLITS``.
 
-    Returns:
-      The TFDS split string, e.g. ``'train[:45000]'``.
+  Returns:
+    The TFDS split string, e.g. ``'train[:45000]'``.
 
-    Raises:
-      ValueError: for an unknown split name.
-    """
-    try:
-        return CIFAR_SPLITS[split]
-    except KeyError:
-        raise ValueError(
-            f"Unknown split {split!r}; valid splits: {', '.join(CIFAR_SPLITS)}.") from None
+  Raises:
+    ValueError: for an unknown split name.
+  """
+  try:
+    return CIFAR_SPLITS[split]
+  except KeyError:
+    raise ValueError(f"Unknown split {split!r}; valid splits: {', '.join(CIFAR_SPLITS)}.") from None
 
 
 def _missing_dataset_message(name: str, data_dir: str | None, err: Exception) -> str:
-    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets (default)"
-    return (
-        f"TFDS dataset {name!r} is not prepared in data_dir={where!r}, and this pipeline never "
-        f"downloads data (download=False). To fix it, either:\n"
-        f"  * on a machine with internet access run `tfds build {name} --data_dir=DIR` (or "
-        f"`tfds.builder({name!r}, data_dir=DIR).download_and_prepare()`), copy DIR here and "
-        f"pass it with --data_dir DIR (or set TFDS_DATA_DIR); or\n"
-        f"  * use the default offline dataset, MNIST-1D (dataset name 'mnist1d'), which is "
-        f"generated locally.\n"
-        f"Original error: {type(err).__name__}: {err}"
-    )
+  where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets (default)"
+  return (
+    f"TFDS dataset {name!r} is not prepared in data_dir={where!r}, and this pipeline never "
+    f"downloads data (download=False). To fix it, either:\n"
+    f"  * on a machine with internet access run `tfds build {name} --data_dir=DIR` (or "
+    f"`tfds.builder({name!r}, data_dir=DIR).download_and_prepare()`), copy DIR here and "
+    f"pass it with --data_dir DIR (or set TFDS_DATA_DIR); or\n"
+    f"  * use the default offline dataset, MNIST-1D (dataset name 'mnist1d'), which is "
+    f"generated locally.\n"
+    f"Original error: {type(err).__name__}: {err}"
+  )
 
 
 def load_cifar(
-    name: str,
-    split: str,
-    batch_size: int,
-    *,
-    train: bool,
-    data_dir: str | Path | None = None,
-    seed: int = 0,
-    drop_remainder: bool | None = None,
-    num_epochs: int | None = 1,
-    shuffle_buffer_size: int | None = None,
+  name: str,
+  split: str,
+  batch_size: int,
+  *,
+  train: bool,
+  data_dir: str | Path | None = None,
+  seed: int = 0,
+  drop_remainder: bool | None = None,
+  num_epochs: int | None = 1,
+  shuffle_buffer_size: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Returns an iterator of CIFAR-10/100 batches as numpy arrays.
+  """Returns an iterator of CIFAR-10/100 batches as numpy arrays.
 
-    Training pipeline (``train=True``): shuffle (with ``seed``), random 32x32 crop of the image
-    zero-padded by 4 pixels, random horizontal flip, per-channel normalisation. Evaluation
-    pipeline: normalisation only, fixed order. Padding is applied to the raw pixels, so padded
-    pixels are black (normalised to ``-mean / std``), as with torchvision's ``RandomCrop``.
-    Random augmentation uses stateless ops keyed on ``(seed, example index)``, so a given seed
-    reproduces the same batches.
+  Training pipeline (``train=True``): shuffle (with ``seed``), random 32x32 crop of the image
+  zero-padded by 4 pixels, random horizontal flip, per-channel normalisation. Evaluation
+  pipeline: normalisation only, fixed order. Padding is applied to the raw pixels, so padded
+  pixels are black (normalised to ``-mean / std``), as with torchvision's ``RandomCrop``.
+  Random augmentation uses stateless ops keyed on ``(seed, example index)``, so a given seed
+  reproduces the same batches.
 
-    Args:
-      name: ``'cifar10'`` or ``'cifar100'``.
-      split: ``'train'`` (first 45k of the official train split), ``'validation'`` (last 5k)
-        or ``'test'`` (official test split, 10k).
-      batch_size: examples per batch.
-      train: enable shuffling and augmentation.
-      data_dir: TFDS data directory holding the prepared dataset (default: TFDS's default,
-        ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
-      seed: seed for file/example shuffling and augmentation.
-      drop_remainder: drop the last partial batch; defaults to ``train`` (static shapes for
-        training, every example for evaluation).
-      num_epochs: passes over the data; ``None`` repeats forever.
-      shuffle_buffer_size: shuffle buffer in examples; default: the whole split (the images
-        are cached in memory as uint8 anyway, about 150 MB for the train split).
+  Args:
+    name: ``'cifar10'`` or ``'cifar100'``.
+    split: ``'train'`` (first 45k of the official train split), ``'validation'`` (last 5k)
+      or ``'test'`` (official test split, 10k).
+    batch_size: examples per batch.
+    train: enable shuffling and augmentation.
+    data_dir: TFDS data directory holding the prepared dataset (default: TFDS's default,
+      ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
+    seed: seed for file/example shuffling and augmentation.
+    drop_remainder: drop the last partial batch; defaults to ``train`` (static shapes for
+      training, every example for evaluation).
+    num_epochs: passes over the data; ``None`` repeats forever.
+    shuffle_buffer_size: shuffle buffer in examples; default: the whole split (the images
+      are cached in memory as uint8 anyway, about 150 MB for the train split).
 
-    Returns:
-      An iterator of dicts ``{'image': float32 [B, 32, 32, 3], 'label': int32 [B]}``.
+  Returns:
+    An iterator of dicts ``{'image': float32 [B, 32, 32, 3], 'label': int32 [B]}``.
 
-    Raises:
-      ValueError: unknown dataset or split name.
-      FileNotFoundError: the dataset is not prepared in ``data_dir`` (message says how to fix).
-    """
-    _check_cifar_name(name)
-    tfds_split = cifar_split(split)
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}.")
-    if drop_remainder is None:
-        drop_remainder = train
-    tf, tfds = _import_tf()
-    data_dir = None if data_dir is None else os.fspath(data_dir)
+  Raises:
+    ValueError: unknown dataset or split name.
+    FileNotFoundError: the dataset is not prepared in ``data_dir`` (message says how to fix).
+  """
+  _check_cifar_name(name)
+  tfds_split = cifar_split(split)
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}.")
+  if drop_remainder is None:
+    drop_remainder = train
+  tf, tfds = _import_tf()
+  data_dir = None if data_dir is None else os.fspath(data_dir)
 
-    try:
-        ds = tfds.load(
-            name,
-            split=tfds_split,
-            data_dir=data_dir,
-            download=False,  # never touch the network; see the error message below.
-            shuffle_files=train,
-            read_config=tfds.ReadConfig(shuffle_seed=seed),
-        )
-    except (AssertionError, FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
-        # TFDS 4.9 raises a bare AssertionError ("could not find data in ...") for a registered
-        # but unprepared dataset; turn it into an actionable message.
-        raise FileNotFoundError(_missing_dataset_message(name, data_dir, e)) from e
+  try:
+    ds = tfds.load(
+      name,
+      split=tfds_split,
+      data_dir=data_dir,
+      download=False,  # never touch the network; see the error message below.
+      shuffle_files=train,
+      read_config=tfds.ReadConfig(shuffle_seed=seed),
+    )
+  except (AssertionError, FileNotFoundError, tfds.core.DatasetNotFoundError) as e:
+    # TFDS 4.9 raises a bare AssertionError ("could not find data in ...") for a registered
+    # but unprepared dataset; turn it into an actionable message.
+    raise FileNotFoundError(_missing_dataset_message(name, data_dir, e)) from e
 
-    # Keep only what the models need (CIFAR-100 also has 'coarse_label', both have 'id').
-    ds = ds.map(lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32)),
-                num_parallel_calls=tf.data.AUTOTUNE)
-    mean = tf.constant(CIFAR_MEAN[name], tf.float32)
-    std = tf.constant(CIFAR_STD[name], tf.float32)
+  # Keep only what the models need (CIFAR-100 also has 'coarse_label', both have 'id').
+  ds = ds.map(
+    lambda ex: (ex["image"], tf.cast(ex["label"], tf.int32)), num_parallel_calls=tf.data.AUTOTUNE
+  )
+  mean = tf.constant(CIFAR_MEAN[name], tf.float32)
+  std = tf.constant(CIFAR_STD[name], tf.float32)
 
-    def normalize(image: Any) -> Any:
-        return (tf.cast(image, tf.float32) / 255.0 - mean) / std
+  def normalize(image: Any) -> Any:
+    return (tf.cast(image, tf.float32) / 255.0 - mean) / std
 
-    if train:
-        # Cache the decoded uint8 images (small) so later epochs skip decoding; shuffle before
-        # augmenting so the buffer holds uint8 rather than float32 images.
-        ds = ds.cache()
-        buffer = shuffle_buffer_size or CIFAR_SPLIT_SIZES[split]
-        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.repeat(num_epochs)
-        # The running example index (across epochs) keys the stateless random ops, which makes
-        # augmentation deterministic even with parallel map.
-        ds = ds.enumerate()
+  if train:
+    # Cache the decoded uint8 images (small) so later epochs skip decoding; shuffle before
+    # augmenting so the buffer holds uint8 rather than float32 images.
+    ds = ds.cache()
+    buffer = shuffle_buffer_size or CIFAR_SPLIT_SIZES[split]
+    ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.repeat(num_epochs)
+    # The running example index (across epochs) keys the stateless random ops, which makes
+    # augmentation deterministic even with parallel map.
+    ds = ds.enumerate()
 
-        def augment(index: Any, example: tuple[Any, Any]) -> tuple[Any, Any]:
-            image, label = example
-            key = tf.stack([tf.cast(seed, tf.int64), index])
-            crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
-            p = _CIFAR_PAD
-            image = tf.pad(image, [[p, p], [p, p], [0, 0]])  # zeros = black pixels
-            image = tf.image.stateless_random_crop(
-                image, [_CIFAR_SIZE, _CIFAR_SIZE, 3], seed=crop_key)
-            image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
-            return normalize(image), label
+    def augment(index: Any, example: tuple[Any, Any]) -> tuple[Any, Any]:
+      image, label = example
+      key = tf.stack([tf.cast(seed, tf.int64), index])
+      crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+      p = _CIFAR_PAD
+      image = tf.pad(image, [[p, p], [p, p], [0, 0]])  # zeros = black pixels
+      image = tf.image.stateless_random_crop(image, [_CIFAR_SIZE, _CIFAR_SIZE, 3], seed=crop_key)
+      image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
+      return normalize(image), label
 
-        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-        ds = ds.repeat(num_epochs)
-        ds = ds.map(lambda image, label: (normalize(image), label),
-                    num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+  else:
+    ds = ds.repeat(num_epochs)
+    ds = ds.map(lambda image, label: (normalize(image), label), num_parallel_calls=tf.data.AUTOTUNE)
 
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.map(lambda image, label: {"image": image, "label": label})
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    return iter(tfds.as_numpy(ds))
+  ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+  ds = ds.map(lambda image, label: {"image": image, "label": label})
+  ds = ds.prefetch(tf.data.AUTOTUNE)
+  return iter(tfds.as_numpy(ds))

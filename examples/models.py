@@ -25,151 +25,164 @@ _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
 class CNN1D(nn.Module):
-    """Small 1D CNN for MNIST-1D: ``num_layers`` x (Conv stride 2 + ReLU), flatten, Dense.
+  """Small 1D CNN for MNIST-1D: ``num_layers`` x (Conv stride 2 + ReLU), flatten, Dense.
 
-    With the defaults the sequence length goes 40 -> 20 -> 10 -> 5, so the classifier sees
-    ``5 * features`` inputs (about 12k parameters in total). No normalisation layers, so the
-    model is stateless and its gradients are a pure function of the batch.
+  With the defaults the sequence length goes 40 -> 20 -> 10 -> 5, so the classifier sees
+  ``5 * features`` inputs (about 12k parameters in total). No normalisation layers, so the
+  model is stateless and its gradients are a pure function of the batch.
 
-    Attributes:
-      num_classes: number of output logits.
-      features: channels of every convolution.
-      kernel_size: width of every convolution kernel.
-      num_layers: number of stride-2 convolutions.
-      dtype: computation dtype (parameters stay float32).
+  Attributes:
+    num_classes: number of output logits.
+    features: channels of every convolution.
+    kernel_size: width of every convolution kernel.
+    num_layers: number of stride-2 convolutions.
+    dtype: computation dtype (parameters stay float32).
+  """
+
+  num_classes: int = 10
+  features: int = 32
+  kernel_size: int = 5
+  num_layers: int = 3
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, train: bool = False) -> jnp.ndarray:
+    """Returns logits of shape ``[batch, num_classes]``.
+
+    Args:
+      x: ``[batch, length]`` signals (a trailing channel axis of size 1 is also accepted).
+      train: unused (no dropout / BatchNorm); kept so all models share one signature.
+
+    Returns:
+      Logits, ``[batch, num_classes]``.
     """
-
-    num_classes: int = 10
-    features: int = 32
-    kernel_size: int = 5
-    num_layers: int = 3
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: jnp.ndarray, train: bool = False) -> jnp.ndarray:
-        """Returns logits of shape ``[batch, num_classes]``.
-
-        Args:
-          x: ``[batch, length]`` signals (a trailing channel axis of size 1 is also accepted).
-          train: unused (no dropout / BatchNorm); kept so all models share one signature.
-
-        Returns:
-          Logits, ``[batch, num_classes]``.
-        """
-        del train
-        if x.ndim == 2:  # [B, L] -> [B, L, 1]: Flax convolutions want a channel axis.
-            x = x[..., None]
-        x = jnp.asarray(x, self.dtype)
-        for _ in range(self.num_layers):
-            x = nn.Conv(self.features, (self.kernel_size,), strides=(2,), padding="SAME",
-                        dtype=self.dtype)(x)
-            x = nn.relu(x)
-        x = x.reshape((x.shape[0], -1))
-        x = nn.Dense(self.num_classes, dtype=self.dtype)(x)
-        return jnp.asarray(x, jnp.float32)
+    del train
+    if x.ndim == 2:  # [B, L] -> [B, L, 1]: Flax convolutions want a channel axis.
+      x = x[..., None]
+    x = jnp.asarray(x, self.dtype)
+    for _ in range(self.num_layers):
+      x = nn.Conv(
+        self.features, (self.kernel_size,), strides=(2,), padding="SAME", dtype=self.dtype
+      )(x)
+      x = nn.relu(x)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dense(self.num_classes, dtype=self.dtype)(x)
+    return jnp.asarray(x, jnp.float32)
 
 
 class BasicBlock(nn.Module):
-    """ResNet basic block: two 3x3 convs with BatchNorm, plus a projection shortcut when the
-    shape changes (1x1 conv + BatchNorm, "option B" of He et al.)."""
+  """ResNet basic block: two 3x3 convs with BatchNorm, plus a projection shortcut when the
+  shape changes (1x1 conv + BatchNorm, "option B" of He et al.)."""
 
-    features: int
-    conv: ModuleDef
-    norm: ModuleDef
-    strides: int = 1
+  features: int
+  conv: ModuleDef
+  norm: ModuleDef
+  strides: int = 1
 
-    @nn.compact
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        residual = x
-        y = self.conv(self.features, (3, 3), strides=(self.strides, self.strides))(x)
-        y = self.norm()(y)
-        y = nn.relu(y)
-        y = self.conv(self.features, (3, 3))(y)
-        y = self.norm()(y)
-        if residual.shape != y.shape:
-            residual = self.conv(self.features, (1, 1), strides=(self.strides, self.strides),
-                                 padding="VALID", name="shortcut_conv")(residual)
-            residual = self.norm(name="shortcut_norm")(residual)
-        return nn.relu(residual + y)
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    residual = x
+    y = self.conv(self.features, (3, 3), strides=(self.strides, self.strides))(x)
+    y = self.norm()(y)
+    y = nn.relu(y)
+    y = self.conv(self.features, (3, 3))(y)
+    y = self.norm()(y)
+    if residual.shape != y.shape:
+      residual = self.conv(
+        self.features,
+        (1, 1),
+        strides=(self.strides, self.strides),
+        padding="VALID",
+        name="shortcut_conv",
+      )(residual)
+      residual = self.norm(name="shortcut_norm")(residual)
+    return nn.relu(residual + y)
 
 
 class ResNet18(nn.Module):
-    """ResNet-18 for 32x32 inputs (CIFAR variant).
+  """ResNet-18 for 32x32 inputs (CIFAR variant).
 
-    3x3 stride-1 stem conv with ``width`` channels and no max-pool, four stages of
-    ``stage_sizes`` basic blocks with ``width * (1, 2, 4, 8)`` channels (stride 2 at the start of
-    stages 2-4), global average pooling and a Dense classifier. Convolutions have no bias (the
-    following BatchNorm has one). With ``num_classes=10`` and the default width this has
-    11,173,962 parameters in 62 leaves.
+  3x3 stride-1 stem conv with ``width`` channels and no max-pool, four stages of
+  ``stage_sizes`` basic blocks with ``width * (1, 2, 4, 8)`` channels (stride 2 at the start of
+  stages 2-4), global average pooling and a Dense classifier. Convolutions have no bias (the
+  following BatchNorm has one). With ``num_classes=10`` and the default width this has
+  11,173,962 parameters in 62 leaves.
 
-    Attributes:
-      num_classes: number of output logits.
-      width: channels of the stem and of the first stage (64 in the paper; tests use e.g. 4).
-      stage_sizes: number of basic blocks per stage.
-      dtype: computation dtype (parameters and BatchNorm statistics stay float32).
-      axis_name: ``pmap``/``shard_map`` axis name over which BatchNorm averages batch
-        statistics; ``None`` keeps per-device statistics (and works under plain ``jit``).
+  Attributes:
+    num_classes: number of output logits.
+    width: channels of the stem and of the first stage (64 in the paper; tests use e.g. 4).
+    stage_sizes: number of basic blocks per stage.
+    dtype: computation dtype (parameters and BatchNorm statistics stay float32).
+    axis_name: ``pmap``/``shard_map`` axis name over which BatchNorm averages batch
+      statistics; ``None`` keeps per-device statistics (and works under plain ``jit``).
+  """
+
+  num_classes: int = 10
+  width: int = 64
+  stage_sizes: Sequence[int] = (2, 2, 2, 2)
+  dtype: Any = jnp.float32
+  axis_name: str | None = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
+    """Returns logits of shape ``[batch, num_classes]``.
+
+    Args:
+      x: images, ``[batch, height, width, 3]``.
+      train: if True BatchNorm normalises with batch statistics and updates its running
+        averages (call ``apply`` with ``mutable=['batch_stats']``); if False it uses them.
+
+    Returns:
+      Logits, ``[batch, num_classes]``.
     """
+    # Explicit symmetric padding 1 (as PyTorch) rather than "SAME": for stride-2 3x3 convs
+    # SAME pads (0, 1), which misaligns the main path with the 1x1 stride-2 shortcut.
+    conv: Callable[..., nn.Module] = partial(
+      nn.Conv, use_bias=False, padding=((1, 1), (1, 1)), kernel_init=_conv_init, dtype=self.dtype
+    )
+    norm = partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=0.9,
+      epsilon=1e-5,
+      dtype=self.dtype,
+      axis_name=self.axis_name,
+    )
 
-    num_classes: int = 10
-    width: int = 64
-    stage_sizes: Sequence[int] = (2, 2, 2, 2)
-    dtype: Any = jnp.float32
-    axis_name: str | None = None
-
-    @nn.compact
-    def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-        """Returns logits of shape ``[batch, num_classes]``.
-
-        Args:
-          x: images, ``[batch, height, width, 3]``.
-          train: if True BatchNorm normalises with batch statistics and updates its running
-            averages (call ``apply`` with ``mutable=['batch_stats']``); if False it uses them.
-
-        Returns:
-          Logits, ``[batch, num_classes]``.
-        """
-        # Explicit symmetric padding 1 (as PyTorch) rather than "SAME": for stride-2 3x3 convs
-        # SAME pads (0, 1), which misaligns the main path with the 1x1 stride-2 shortcut.
-        conv: Callable[..., nn.Module] = partial(
-            nn.Conv, use_bias=False, padding=((1, 1), (1, 1)), kernel_init=_conv_init,
-            dtype=self.dtype)
-        norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                       dtype=self.dtype, axis_name=self.axis_name)
-
-        x = jnp.asarray(x, self.dtype)
-        x = conv(self.width, (3, 3), name="stem_conv")(x)
-        x = norm(name="stem_norm")(x)
-        x = nn.relu(x)
-        for i, num_blocks in enumerate(self.stage_sizes):
-            for j in range(num_blocks):
-                strides = 2 if i > 0 and j == 0 else 1
-                x = BasicBlock(self.width * 2**i, conv=conv, norm=norm, strides=strides)(x)
-        x = jnp.mean(x, axis=(1, 2))
-        x = nn.Dense(self.num_classes, dtype=self.dtype)(x)
-        return jnp.asarray(x, jnp.float32)
+    x = jnp.asarray(x, self.dtype)
+    x = conv(self.width, (3, 3), name="stem_conv")(x)
+    x = norm(name="stem_norm")(x)
+    x = nn.relu(x)
+    for i, num_blocks in enumerate(self.stage_sizes):
+      for j in range(num_blocks):
+        strides = 2 if i > 0 and j == 0 else 1
+        x = BasicBlock(self.width * 2**i, conv=conv, norm=norm, strides=strides)(x)
+    x = jnp.mean(x, axis=(1, 2))
+    x = nn.Dense(self.num_classes, dtype=self.dtype)(x)
+    return jnp.asarray(x, jnp.float32)
 
 
 _MODELS: dict[str, type[nn.Module]] = {"cnn1d": CNN1D, "resnet18": ResNet18}
 
 
 def create_model(name: str, num_classes: int, **kw: Any) -> nn.Module:
-    """Builds a model by name.
+  """Builds a model by name.
 
-    Args:
-      name: one of ``'cnn1d'``, ``'resnet18'`` (case-insensitive).
-      num_classes: number of output logits.
-      **kw: further constructor fields (e.g. ``width=``, ``dtype=``, ``axis_name=``).
+  Args:
+    name: one of ``'cnn1d'``, ``'resnet18'`` (case-insensitive).
+    num_classes: number of output logits.
+    **kw: further constructor fields (e.g. ``width=``, ``dtype=``, ``axis_name=``).
 
-    Returns:
-      The (unbound) Flax module.
+  Returns:
+    The (unbound) Flax module.
 
-    Raises:
-      ValueError: for an unknown name.
-    """
-    try:
-        cls = _MODELS[name.lower()]
-    except KeyError:
-        raise ValueError(
-            f"Unknown model {name!r}; valid names: {', '.join(sorted(_MODELS))}.") from None
-    return cls(num_classes=num_classes, **kw)
+  Raises:
+    ValueError: for an unknown name.
+  """
+  try:
+    cls = _MODELS[name.lower()]
+  except KeyError:
+    raise ValueError(
+      f"Unknown model {name!r}; valid names: {', '.join(sorted(_MODELS))}."
+    ) from None
+  return cls(num_classes=num_classes, **kw)

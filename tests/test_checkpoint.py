@@ -13,15 +13,21 @@ ocp = pytest.importorskip("orbax.checkpoint")
 S = 8
 STEPS = 40
 THETA = 100.0  # state-aware warm-up: progress grows by r in [1, 8] per update
-W = 20 * S     # fixed warm-up: 20 updates of S base steps
+W = 20 * S  # fixed warm-up: 20 updates of S base steps
 
 
 def init_params():
   rng = np.random.RandomState(0)
-  return {"hidden": {"kernel": jnp.asarray(rng.randn(5, 6) * 0.4, jnp.float32),
-                     "bias": jnp.zeros(6, jnp.float32)},
-          "head": {"kernel": jnp.asarray(rng.randn(6, 1) * 0.4, jnp.float32),
-                   "bias": jnp.zeros(1, jnp.float32)}}
+  return {
+    "hidden": {
+      "kernel": jnp.asarray(rng.randn(5, 6) * 0.4, jnp.float32),
+      "bias": jnp.zeros(6, jnp.float32),
+    },
+    "head": {
+      "kernel": jnp.asarray(rng.randn(6, 1) * 0.4, jnp.float32),
+      "bias": jnp.zeros(1, jnp.float32),
+    },
+  }
 
 
 def loss_fn(params, x, y):
@@ -38,16 +44,21 @@ def data():
 
 SCHEDULE = optax.exponential_decay(0.05, transition_steps=STEPS * S, decay_rate=0.1)
 CONFIGS = {
-    "lena-state-aware": lambda: ol.lena(SCHEDULE, weight_decay=5e-4, warmup_threshold=THETA,
-                                        clock="samples"),
-    "adascale-fixed": lambda: ol.adascale(0.05, weight_decay=5e-4, warmup_steps=W),
-    # static_args: inject_hyperparams would turn the default warmup_steps=0 into an array.
-    "inject-lena-state-aware": lambda: optax.inject_hyperparams(
-        ol.lena, static_args=("warmup_steps",))(
-            learning_rate=optax.linear_schedule(0.05, 0.01, STEPS), weight_decay=5e-4,
-            warmup_threshold=THETA),
-    "inject-adascale-fixed": lambda: optax.inject_hyperparams(ol.adascale)(
-        learning_rate=0.05, momentum=0.9, warmup_steps=W),
+  "lena-state-aware": lambda: ol.lena(
+    SCHEDULE, weight_decay=5e-4, warmup_threshold=THETA, clock="samples"
+  ),
+  "adascale-fixed": lambda: ol.adascale(0.05, weight_decay=5e-4, warmup_steps=W),
+  # static_args: inject_hyperparams would turn the default warmup_steps=0 into an array.
+  "inject-lena-state-aware": lambda: optax.inject_hyperparams(
+    ol.lena, static_args=("warmup_steps",)
+  )(
+    learning_rate=optax.linear_schedule(0.05, 0.01, STEPS),
+    weight_decay=5e-4,
+    warmup_threshold=THETA,
+  ),
+  "inject-adascale-fixed": lambda: optax.inject_hyperparams(ol.adascale)(
+    learning_rate=0.05, momentum=0.9, warmup_steps=W
+  ),
 }
 
 
@@ -84,8 +95,10 @@ def test_resume_at_ten_random_points_is_bitwise_identical(name, tmp_path):
   opt_state = tx.init(params)
   rng = np.random.RandomState(sorted(CONFIGS).index(name))
   # 10 resume points (after that many updates): 5 early (mid-warm-up), 5 anywhere later.
-  points = sorted(set(rng.choice(np.arange(1, 15), 5, replace=False).tolist())
-                  | set(rng.choice(np.arange(15, STEPS), 5, replace=False).tolist()))
+  points = sorted(
+    set(rng.choice(np.arange(1, 15), 5, replace=False).tolist())
+    | set(rng.choice(np.arange(15, STEPS), 5, replace=False).tolist())
+  )
   assert len(points) == 10
   options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=False)
   with ocp.CheckpointManager(tmp_path / "ckpt", options=options) as manager:
@@ -102,8 +115,10 @@ def test_resume_at_ten_random_points_is_bitwise_identical(name, tmp_path):
     # still be warming up after 40 updates.
     assert np.any(np.asarray(ol.diagnostics(opt_state)["warmup_factor"]) == 1.0)
     # The target tree comes from tx.init, so NamedTuple state types come back.
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                            {"params": init_params(), "opt_state": tx.init(init_params())})
+    abstract = jax.tree.map(
+      ocp.utils.to_shape_dtype_struct,
+      {"params": init_params(), "opt_state": tx.init(init_params())},
+    )
     for t in points:
       restored = manager.restore(t, args=ocp.args.StandardRestore(abstract))
       assert jax.tree.structure(restored) == jax.tree.structure(final)
@@ -127,8 +142,9 @@ def test_standard_checkpointer_round_trip_mid_warmup(tmp_path):
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(tmp_path / "state", {"params": params, "opt_state": opt_state})
   checkpointer.wait_until_finished()
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                          {"params": init_params(), "opt_state": tx.init(init_params())})
+  abstract = jax.tree.map(
+    ocp.utils.to_shape_dtype_struct, {"params": init_params(), "opt_state": tx.init(init_params())}
+  )
   restored = checkpointer.restore(tmp_path / "state", abstract)
   assert_bitwise_equal(restored, {"params": params, "opt_state": opt_state})
   inner = restored["opt_state"].inner_state
@@ -137,7 +153,9 @@ def test_standard_checkpointer_round_trip_mid_warmup(tmp_path):
   assert any(isinstance(s, ol.GainRatioState) for s in inner)
   # Diagnostics work on the restored state and agree with the original.
   for key, value in ol.diagnostics(opt_state, params).items():
-    for a, b in zip(jax.tree.leaves(value),
-                    jax.tree.leaves(ol.diagnostics(restored["opt_state"], params)[key]),
-                    strict=True):
+    for a, b in zip(
+      jax.tree.leaves(value),
+      jax.tree.leaves(ol.diagnostics(restored["opt_state"], params)[key]),
+      strict=True,
+    ):
       np.testing.assert_array_equal(a, b, err_msg=key)

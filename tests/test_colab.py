@@ -44,119 +44,127 @@ print("no tensorflow imported")
 
 
 def _read():
-    return nbformat.read(NOTEBOOK, as_version=4)
+  return nbformat.read(NOTEBOOK, as_version=4)
 
 
 def _parameters_index(nb):
-    idx = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
-    assert len(idx) == 1, f"expected exactly one cell tagged 'parameters', found {len(idx)}"
-    return idx[0]
+  idx = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+  assert len(idx) == 1, f"expected exactly one cell tagged 'parameters', found {len(idx)}"
+  return idx[0]
 
 
 def _install_index(nb):
-    idx = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "pip" in c.source
-           and "OPTAX_LENA_REPO" in c.source]
-    assert len(idx) == 1, "expected exactly one install cell"
-    return idx[0]
+  idx = [
+    i
+    for i, c in enumerate(nb.cells)
+    if c.cell_type == "code" and "pip" in c.source and "OPTAX_LENA_REPO" in c.source
+  ]
+  assert len(idx) == 1, "expected exactly one install cell"
+  return idx[0]
 
 
 def _text(cell):
-    out = []
-    for o in cell.get("outputs", []):
-        if o.output_type == "stream":
-            out.append(o.text)
-        elif o.output_type in ("execute_result", "display_data"):
-            out.append(o.get("data", {}).get("text/plain", ""))
-    return "".join(out)
+  out = []
+  for o in cell.get("outputs", []):
+    if o.output_type == "stream":
+      out.append(o.text)
+    elif o.output_type in ("execute_result", "display_data"):
+      out.append(o.get("data", {}).get("text/plain", ""))
+  return "".join(out)
 
 
 def _kernel_manager(tmp_path):
-    """A kernel manager whose `python3` kernelspec runs this interpreter (the venv's)."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
+  """A kernel manager whose `python3` kernelspec runs this interpreter (the venv's)."""
+  from jupyter_client.kernelspec import KernelSpecManager
+  from jupyter_client.manager import AsyncKernelManager
 
-    spec_dir = tmp_path / "kernels" / "python3"
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (test)",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
-    assert ksm.get_kernel_spec("python3").argv[0] == sys.executable
-    # Async, as nbclient creates by default: with it nbclient notices a dead kernel.
-    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ksm)
+  spec_dir = tmp_path / "kernels" / "python3"
+  spec_dir.mkdir(parents=True)
+  spec = {
+    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    "display_name": "Python 3 (test)",
+    "language": "python",
+  }
+  (spec_dir / "kernel.json").write_text(json.dumps(spec))
+  ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+  assert ksm.get_kernel_spec("python3").argv[0] == sys.executable
+  # Async, as nbclient creates by default: with it nbclient notices a dead kernel.
+  return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ksm)
 
 
 def test_committed_notebook_is_stripped():
-    nb = _read()
-    nbformat.validate(nb)
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            assert cell.outputs == [], f"cell {i} has outputs"
-            assert cell.execution_count is None, f"cell {i} has an execution count"
-    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+  nb = _read()
+  nbformat.validate(nb)
+  for i, cell in enumerate(nb.cells):
+    if cell.cell_type == "code":
+      assert cell.outputs == [], f"cell {i} has outputs"
+      assert cell.execution_count is None, f"cell {i} has an execution count"
+  assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
 
 
 def test_notebook_structure():
-    nb = _read()
-    i = _parameters_index(nb)
-    params = nb.cells[i].source
-    for name in ("DATASET", "STEPS", "BATCH_SCALE", "PER_WORKER_BATCH", "SEED", "TINY",
-                 "INSTALL"):
-        assert f"{name} =" in params, name
-    # The parameters precede the (skippable) install cell; the install cell reads the repository
-    # from OPTAX_LENA_REPO and never downloads MNIST-1D.
-    source = "\n".join(c.source for c in nb.cells)
-    j = _install_index(nb)
-    assert j > i
-    assert "OPTAX_LENA_REPO" in nb.cells[j].source and "INSTALL" in nb.cells[j].source
-    assert "make_dataset(" in source and "get_dataset(" not in source  # never mnist1d's download
+  nb = _read()
+  i = _parameters_index(nb)
+  params = nb.cells[i].source
+  for name in ("DATASET", "STEPS", "BATCH_SCALE", "PER_WORKER_BATCH", "SEED", "TINY", "INSTALL"):
+    assert f"{name} =" in params, name
+  # The parameters precede the (skippable) install cell; the install cell reads the repository
+  # from OPTAX_LENA_REPO and never downloads MNIST-1D.
+  source = "\n".join(c.source for c in nb.cells)
+  j = _install_index(nb)
+  assert j > i
+  assert "OPTAX_LENA_REPO" in nb.cells[j].source and "INSTALL" in nb.cells[j].source
+  assert "make_dataset(" in source and "get_dataset(" not in source  # never mnist1d's download
 
 
 def test_install_cell_skips_when_importable(capsys, monkeypatch):
-    """With INSTALL=True and optax_lena importable, the install cell runs no pip."""
-    import subprocess
+  """With INSTALL=True and optax_lena importable, the install cell runs no pip."""
+  import subprocess
 
-    nb = _read()
-    install = nb.cells[_install_index(nb)].source
-    calls = []
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
-    exec(compile(install, "install_cell", "exec"), {"INSTALL": True})
-    assert calls == []
-    assert "already importable" in capsys.readouterr().out
+  nb = _read()
+  install = nb.cells[_install_index(nb)].source
+  calls = []
+  monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+  exec(compile(install, "install_cell", "exec"), {"INSTALL": True})
+  assert calls == []
+  assert "already importable" in capsys.readouterr().out
 
 
 def test_notebook_runs_tiny_on_cpu(tmp_path):
-    nb = _read()
-    i = _parameters_index(nb)
-    nb.cells.insert(i + 1, nbformat.v4.new_code_cell(TINY_PARAMETERS))
-    nb.cells.append(nbformat.v4.new_code_cell(NO_TENSORFLOW_CHECK))
+  nb = _read()
+  i = _parameters_index(nb)
+  nb.cells.insert(i + 1, nbformat.v4.new_code_cell(TINY_PARAMETERS))
+  nb.cells.append(nbformat.v4.new_code_cell(NO_TENSORFLOW_CHECK))
 
-    client = nbclient.NotebookClient(
-        nb,
-        km=_kernel_manager(tmp_path),
-        kernel_name="python3",
-        timeout=120,
-        startup_timeout=60,
-        allow_errors=False,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute()  # raises CellExecutionError on any error
+  client = nbclient.NotebookClient(
+    nb,
+    km=_kernel_manager(tmp_path),
+    kernel_name="python3",
+    timeout=120,
+    startup_timeout=60,
+    allow_errors=False,
+    resources={"metadata": {"path": str(tmp_path)}},
+  )
+  client.execute()  # raises CellExecutionError on any error
 
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
-              if o.output_type == "error"]
-    assert not errors
-    texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
-    everything = "\n".join(texts)
-    assert "INSTALL=False" in everything
-    assert "Backend: CPU" in everything
-    assert "mnist1d" in everything and "CIFAR" not in everything
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
-              if "image/png" in o.get("data", {})]
-    assert len(images) >= 3, f"expected 3 figures, got {len(images)}"
-    table = texts[-2]  # the conclusion cell (the last one is the injected check)
-    assert "LENA" in table and "AdaScale" in table and "SGD" in table
-    assert "final acc" in table
-    assert "no tensorflow imported" in texts[-1]
+  errors = [
+    o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
+  ]
+  assert not errors
+  texts = [_text(c) for c in nb.cells if c.cell_type == "code"]
+  everything = "\n".join(texts)
+  assert "INSTALL=False" in everything
+  assert "Backend: CPU" in everything
+  assert "mnist1d" in everything and "CIFAR" not in everything
+  images = [
+    o
+    for c in nb.cells
+    if c.cell_type == "code"
+    for o in c.outputs
+    if "image/png" in o.get("data", {})
+  ]
+  assert len(images) >= 3, f"expected 3 figures, got {len(images)}"
+  table = texts[-2]  # the conclusion cell (the last one is the injected check)
+  assert "LENA" in table and "AdaScale" in table and "SGD" in table
+  assert "final acc" in table
+  assert "no tensorflow imported" in texts[-1]

@@ -9,10 +9,17 @@ from misuse_fixtures import PARAMS, stats_for
 import optax_lena as ol
 
 
-@pytest.mark.parametrize("tx", [
-    ol.lena(0.1), ol.adascale(0.1), ol.linear_scaling(0.1), ol.scale_by_lena(),
-    ol.layerwise_warmup(5.0), ol.scale_by_adascale(),
-])
+@pytest.mark.parametrize(
+  "tx",
+  [
+    ol.lena(0.1),
+    ol.adascale(0.1),
+    ol.linear_scaling(0.1),
+    ol.scale_by_lena(),
+    ol.layerwise_warmup(5.0),
+    ol.scale_by_adascale(),
+  ],
+)
 def test_missing_grad_stats_names_the_functions(tx):
   mean, _ = stats_for(PARAMS)
   with pytest.raises(ValueError, match=r"stacked_grad_stats.*all_reduce_grad_stats"):
@@ -95,10 +102,16 @@ def test_unknown_names():
     ol.layerwise_warmup(5.0, rule="adascale", grouping="module")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"beta": 0.0}, "beta"), ({"beta": 1.5}, "beta"), ({"eps": -1.0}, "eps"),
-    ({"num_samples": 0}, "num_samples"), ({"warmup_steps": -5}, "warmup_steps"),
-])
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    ({"beta": 0.0}, "beta"),
+    ({"beta": 1.5}, "beta"),
+    ({"eps": -1.0}, "eps"),
+    ({"num_samples": 0}, "num_samples"),
+    ({"warmup_steps": -5}, "warmup_steps"),
+  ],
+)
 def test_bad_hyperparameters(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ol.lena(0.1, **kwargs)

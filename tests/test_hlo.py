@@ -23,8 +23,8 @@ NUM_DEVICES = 8
 # Optimized-HLO signs of traffic between device and host: infeed/outfeed, host send/recv,
 # Python callbacks and host-memory offloading.
 HOST_TRANSFER = re.compile(
-    r"\b(infeed|outfeed|send|recv|send-done|recv-done)\(|is_host_transfer=true|"
-    r'custom_call_target="[^"]*(callback|host|Host)[^"]*"|S\(5\)'
+  r"\b(infeed|outfeed|send|recv|send-done|recv-done)\(|is_host_transfer=true|"
+  r'custom_call_target="[^"]*(callback|host|Host)[^"]*"|S\(5\)'
 )
 # "%name = <shape or tuple of shapes> all-reduce(" (or all-reduce-start: async form).
 ALL_REDUCE = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(.+?)\s+all-reduce(?:-start)?\(", re.M)
@@ -32,9 +32,9 @@ ALL_REDUCE = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(.+?)\s+all-reduce(?:-
 
 def make_params():
   return {
-      "conv": {"kernel": jnp.full((3, 3, 2, 4), 0.1), "bias": jnp.zeros((4,))},
-      "norm": {"scale": jnp.ones((4,)), "bias": jnp.zeros((4,))},
-      "dense": {"kernel": jnp.full((16, 5), -0.05), "bias": jnp.full((5,), 0.2)},
+    "conv": {"kernel": jnp.full((3, 3, 2, 4), 0.1), "bias": jnp.zeros((4,))},
+    "norm": {"scale": jnp.ones((4,)), "bias": jnp.zeros((4,))},
+    "dense": {"kernel": jnp.full((16, 5), -0.05), "bias": jnp.full((5,), 0.2)},
   }
 
 
@@ -82,8 +82,7 @@ def compiled_hlo(kind, mode, extra=None):
     def body(g, p, s):
       return step(jax.tree.map(lambda x: x[0], g), p, s)
 
-    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(), P()),
-                               out_specs=(P(), P())))
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=(P(), P())))
     lowered = fn.lower(local, params, opt_state)
   return lowered.compile().as_text()
 
@@ -131,7 +130,7 @@ def test_host_transfer_detector_sees_a_callback():
   def with_callback(step):
     def wrapped(g, p, s):
       g = jax.tree.map(
-          lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(x.shape, x.dtype), x), g
+        lambda x: jax.pure_callback(np.asarray, jax.ShapeDtypeStruct(x.shape, x.dtype), x), g
       )
       return step(g, p, s)
 

@@ -15,40 +15,40 @@ import pytest
 # `benchmarks` and `examples` are top-level packages of the repository, not installed ones.
 _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
+  sys.path.insert(0, _REPO_ROOT)
 
 from benchmarks.large_batch import study  # noqa: E402
 
 
 def test_smoke_study_writes_tables_plots_and_resumes(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "study"
-    argv = ["--smoke", "--out", str(out), "--cache_dir", str(tmp_path / "cache")]
-    grid = study.build_grid(study.PRESETS["smoke"])
+  tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+  out = tmp_path / "study"
+  argv = ["--smoke", "--out", str(out), "--cache_dir", str(tmp_path / "cache")]
+  grid = study.build_grid(study.PRESETS["smoke"])
 
-    text = study.main(argv)
-    first = capsys.readouterr().out
-    assert f"Trained {len(grid)}, skipped 0" in first
-    for heading in ("Table 1", "Table 2", "Table 3", "Table 4"):
-        assert f"## {heading}" in text
-    assert (out / "tables.md").read_text() == text
-    # Every Table-1 cell of the smoke grid is filled in (no missing runs).
-    table1 = text.split("## Table 1")[1].split("## Table 2")[0]
-    assert "—" not in table1
-    assert re.search(r"\| 8 \| 64 \| LENA \(state_aware\) \| 1 \| 0\.\d{4} \|", table1)
-    summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["runs"]) == len(grid)
-    for name in ("accuracy_vs_iterations_s8.png", "accuracy_vs_scale.png",
-                 "lena_warmup_end.png"):
-        path = out / name
-        assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
-        assert name in summary["plots"]
-    # No checkpoints are kept: results/ stays small.
-    assert not list(out.glob("runs/*/checkpoints"))
+  text = study.main(argv)
+  first = capsys.readouterr().out
+  assert f"Trained {len(grid)}, skipped 0" in first
+  for heading in ("Table 1", "Table 2", "Table 3", "Table 4"):
+    assert f"## {heading}" in text
+  assert (out / "tables.md").read_text() == text
+  # Every Table-1 cell of the smoke grid is filled in (no missing runs).
+  table1 = text.split("## Table 1")[1].split("## Table 2")[0]
+  assert "—" not in table1
+  assert re.search(r"\| 8 \| 64 \| LENA \(state_aware\) \| 1 \| 0\.\d{4} \|", table1)
+  summary = json.loads((out / "summary.json").read_text())
+  assert len(summary["runs"]) == len(grid)
+  for name in ("accuracy_vs_iterations_s8.png", "accuracy_vs_scale.png", "lena_warmup_end.png"):
+    path = out / name
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+    assert name in summary["plots"]
+  # No checkpoints are kept: results/ stays small.
+  assert not list(out.glob("runs/*/checkpoints"))
 
-    # Resume: remove one run's metrics; only that one is trained again.
-    (out / "runs" / grid[-1].name / "metrics.jsonl").unlink()
-    study.main(argv)
-    second = capsys.readouterr().out
-    assert f"Trained 1, skipped {len(grid) - 1}" in second
-    assert second.count("finished earlier, skipped") == len(grid) - 1
+  # Resume: remove one run's metrics; only that one is trained again.
+  (out / "runs" / grid[-1].name / "metrics.jsonl").unlink()
+  study.main(argv)
+  second = capsys.readouterr().out
+  assert f"Trained 1, skipped {len(grid) - 1}" in second
+  assert second.count("finished earlier, skipped") == len(grid) - 1

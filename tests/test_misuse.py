@@ -12,7 +12,9 @@ import optax_lena as ol
 # -- hyper-parameter values (checks.py), on the building blocks and NaN values ----------------
 
 
-@pytest.mark.parametrize("build, match", [
+@pytest.mark.parametrize(
+  "build, match",
+  [
     (lambda: ol.lena(float("nan")), "learning_rate must be positive"),
     (lambda: ol.scale_by_learning_rate(0.0), "learning_rate must be positive"),
     (lambda: ol.scale_by_learning_rate(-1.0, clock="samples"), "learning_rate must be positive"),
@@ -33,7 +35,8 @@ import optax_lena as ol
     (lambda: ol.scale_by_learning_rate(0.1, clock="epochs"), "Unknown clock"),
     (lambda: ol.GainRatioRule(grouping="layer"), "Unknown grouping"),
     (lambda: ol.scale_by_lena(grouping="modules"), "Unknown grouping"),
-])
+  ],
+)
 def test_bad_hyperparameter_values_on_every_entry_point(build, match):
   with pytest.raises(ValueError, match=match):
     build()
@@ -48,13 +51,16 @@ def test_inject_hyperparams_needs_num_samples_static():
   jax.jit(tx.update)(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)
 
 
-@pytest.mark.parametrize("build", [
+@pytest.mark.parametrize(
+  "build",
+  [
     lambda: ol.lena(None),
     lambda: ol.adascale(None),
     lambda: ol.layerwise_warmup(None),
     lambda: ol.lena(0.1, warmup_steps=None),
     lambda: ol.scale_by_lena(eps=None),
-])
+  ],
+)
 def test_none_hyperparameters_are_rejected_at_construction(build):
   """None where a number is required must raise when the optimizer is built, not run: a
   ``learning_rate=None`` otherwise becomes Optax's identity (gradient ascent at rate 1)."""
@@ -108,14 +114,20 @@ def test_statistics_without_an_entry_for_a_live_leaf():
 
 def test_wrong_statistics_type_and_num_samples_on_building_blocks():
   mean, stats = stats_for(PARAMS, s=8)
-  for tx in (ol.scale_by_lena(), ol.layerwise_warmup(5.0), ol.fixed_warmup(10),
-             ol.skip_nonfinite_steps(optax.sgd(0.1))):
+  for tx in (
+    ol.scale_by_lena(),
+    ol.layerwise_warmup(5.0),
+    ol.fixed_warmup(10),
+    ol.skip_nonfinite_steps(optax.sgd(0.1)),
+  ):
     with pytest.raises(TypeError, match=r"ol\.GradStats"):
       tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=(stats.sq_norm_mean, 8))
-  for tx in (ol.fixed_warmup(10, num_samples=16), ol.scale_by_linear_scaling(num_samples=16),
-             ol.layerwise_warmup(5.0, num_samples=16),
-             ol.scale_by_learning_rate(optax.constant_schedule(0.1), clock="samples",
-                                       num_samples=16)):
+  for tx in (
+    ol.fixed_warmup(10, num_samples=16),
+    ol.scale_by_linear_scaling(num_samples=16),
+    ol.layerwise_warmup(5.0, num_samples=16),
+    ol.scale_by_learning_rate(optax.constant_schedule(0.1), clock="samples", num_samples=16),
+  ):
     with pytest.raises(ValueError, match=r"S=8 .* num_samples=16"):
       tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)
 

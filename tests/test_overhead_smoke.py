@@ -26,7 +26,8 @@ def test_every_section_runs_and_reports(tmp_path):
   compile_rows = overhead.bench_compile([3])
   assert {r.section.split(".")[0] for r in rows} == {"a", "b", "c", "d"}
   assert {"pmean+local_sq_norms+sgd_momentum", "pmean+mean_sq_norms+sgd_momentum"} <= {
-      r.candidate for r in rows}  # the profile of the statistics' two passes
+    r.candidate for r in rows
+  }  # the profile of the statistics' two passes
   assert all(np.isfinite(r.ratio) and r.ratio > 0 for r in rows)
   (compile_row,) = compile_rows
   assert compile_row["ratio"] > 0
@@ -35,13 +36,18 @@ def test_every_section_runs_and_reports(tmp_path):
   lena_memory = next(m for m in memory if m["optimizer"] == "lena")
   assert lena_memory["passed"], lena_memory  # a few scalars per leaf, whatever the sizes
 
-  meta = {"command": "smoke", "machine": overhead.machine_info(devices), "repeats": 2,
-          "seconds": 0.0}
+  meta = {
+    "command": "smoke",
+    "machine": overhead.machine_info(devices),
+    "repeats": 2,
+    "seconds": 0.0,
+  }
   result = overhead.write_reports(str(tmp_path), meta, rows, memory, compile_rows)
   for name in ("overhead.md", "overhead.json", "overhead.png"):
     assert (tmp_path / name).stat().st_size > 0
   assert json.loads((tmp_path / "overhead.json").read_text())["targets"] == json.loads(
-      json.dumps(result["targets"]))
+    json.dumps(result["targets"])
+  )
   assert "| update only" in (tmp_path / "overhead.md").read_text()
 
 
@@ -55,4 +61,3 @@ def test_kernel_counts_tell_distinct_kernels_apart():
   for variant in ("same_slice", "scalar_inputs", "index_inputs"):
     assert result[variant]["distinct_kernels"] == 1, (variant, result[variant])
   assert all(r["kernels"] == 6 for r in result.values()), result
-

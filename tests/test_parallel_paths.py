@@ -25,8 +25,8 @@ def auto_mesh(shape, names):
 
 def make_params():
   return {
-      "conv": {"kernel": jnp.full((3, 3, 2, 4), 0.1), "bias": jnp.zeros((4,))},
-      "dense": {"kernel": jnp.full((16, 5), -0.05), "bias": jnp.full((5,), 0.2)},
+    "conv": {"kernel": jnp.full((3, 3, 2, 4), 0.1), "bias": jnp.zeros((4,))},
+    "dense": {"kernel": jnp.full((16, 5), -0.05), "bias": jnp.full((5,), 0.2)},
   }
 
 
@@ -36,14 +36,17 @@ def make_worker_grads(s, seed=0):
   params = make_params()
   signal = {"conv": {"kernel": 1.0, "bias": 0.0}, "dense": {"kernel": 0.1, "bias": 3.0}}
   return jax.tree.map(
-      lambda p, mu: jnp.asarray(mu + rng.randn(s, *p.shape), jnp.float32), params, signal
+    lambda p, mu: jnp.asarray(mu + rng.randn(s, *p.shape), jnp.float32), params, signal
   )
 
 
 def assert_stats_close(a, b, rtol=2e-6):
   assert a.num_samples == b.num_samples
-  for x, y in zip(jax.tree.leaves((a.sq_norm_mean, a.mean_grad_sq_norm)),
-                  jax.tree.leaves((b.sq_norm_mean, b.mean_grad_sq_norm)), strict=True):
+  for x, y in zip(
+    jax.tree.leaves((a.sq_norm_mean, a.mean_grad_sq_norm)),
+    jax.tree.leaves((b.sq_norm_mean, b.mean_grad_sq_norm)),
+    strict=True,
+  ):
     np.testing.assert_allclose(x, y, rtol=rtol)
 
 
@@ -51,9 +54,13 @@ def test_stacked_stats_match_numpy_float64():
   grads = make_worker_grads(NUM_DEVICES)
   mean, stats = ol.stacked_grad_stats(grads)
   assert stats.num_samples == NUM_DEVICES
-  for g, m, top, bot in zip(jax.tree.leaves(grads), jax.tree.leaves(mean),
-                            jax.tree.leaves(stats.sq_norm_mean),
-                            jax.tree.leaves(stats.mean_grad_sq_norm), strict=True):
+  for g, m, top, bot in zip(
+    jax.tree.leaves(grads),
+    jax.tree.leaves(mean),
+    jax.tree.leaves(stats.sq_norm_mean),
+    jax.tree.leaves(stats.mean_grad_sq_norm),
+    strict=True,
+  ):
     g64 = np.asarray(g, np.float64).reshape(NUM_DEVICES, -1)
     np.testing.assert_allclose(m, g64.mean(0).reshape(m.shape), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(top, np.mean(np.sum(g64**2, axis=1)), rtol=1e-6)
@@ -103,8 +110,9 @@ def test_shard_map_with_tuple_axis_matches_stacked():
     updates, mult = _one_lena_update(mean, stats)
     return stats, updates, mult
 
-  sharded = jax.jit(jax.shard_map(
-      step, mesh=mesh, in_specs=P(("hosts", "gpus")), out_specs=P(), check_vma=False))
+  sharded = jax.jit(
+    jax.shard_map(step, mesh=mesh, in_specs=P(("hosts", "gpus")), out_specs=P(), check_vma=False)
+  )
   stats, updates, mult = sharded(grads)
   assert stats.num_samples == NUM_DEVICES
   assert_stats_close(stats, ref_stats)
@@ -137,9 +145,9 @@ def _loss(params, batch):
 def _mlp_params(din=6, hidden=32):
   rng = np.random.RandomState(1)
   return {
-      "w1": jnp.asarray(rng.randn(din, hidden) * 0.3, jnp.float32),
-      "b1": jnp.zeros((hidden,), jnp.float32),
-      "w2": jnp.asarray(rng.randn(hidden, 1) * 0.3, jnp.float32),
+    "w1": jnp.asarray(rng.randn(din, hidden) * 0.3, jnp.float32),
+    "b1": jnp.zeros((hidden,), jnp.float32),
+    "w2": jnp.asarray(rng.randn(hidden, 1) * 0.3, jnp.float32),
   }
 
 
@@ -159,8 +167,7 @@ def test_accumulation_matches_stacked_per_micro_batch_grads():
   assert_stats_close(stats, ref_stats, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(mean), jax.tree.leaves(ref_mean), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(loss, jnp.mean(jax.vmap(_loss, (None, 0))(params, batches)),
-                             rtol=1e-6)
+  np.testing.assert_allclose(loss, jnp.mean(jax.vmap(_loss, (None, 0))(params, batches)), rtol=1e-6)
 
 
 def test_accumulation_with_aux_averages_aux():
@@ -178,8 +185,9 @@ def test_accumulation_memory_does_not_grow_with_micro_batches():
 
   def temp_bytes(k):
     batches = _batches(k, 8, din=64)
-    compiled = jax.jit(ol.accumulate_grad_stats, static_argnums=0).lower(
-        _loss, params, batches).compile()
+    compiled = (
+      jax.jit(ol.accumulate_grad_stats, static_argnums=0).lower(_loss, params, batches).compile()
+    )
     return compiled.memory_analysis().temp_size_in_bytes
 
   small, large = temp_bytes(2), temp_bytes(64)
@@ -213,13 +221,16 @@ def test_vmap_of_accumulation_composes_with_stacked_stats():
   x, y = _batches(workers * k, b)
   grouped = (x.reshape(workers, k, b, -1), y.reshape(workers, k, b, 1))
   _, means, stats = jax.vmap(ol.accumulate_grad_stats, in_axes=(None, None, 0))(
-      _loss, params, grouped)
+    _loss, params, grouped
+  )
   mean, combined = ol.stacked_grad_stats(means, stacked_stats=stats)
   ref_mean, ref_stats = ol.stacked_grad_stats(
-      jax.vmap(jax.grad(_loss), in_axes=(None, 0))(params, (x, y)))
+    jax.vmap(jax.grad(_loss), in_axes=(None, 0))(params, (x, y))
+  )
   assert combined.num_samples == workers * k
   np.testing.assert_allclose(
-      jax.tree.leaves(combined.sq_norm_mean), jax.tree.leaves(ref_stats.sq_norm_mean), rtol=1e-5)
+    jax.tree.leaves(combined.sq_norm_mean), jax.tree.leaves(ref_stats.sq_norm_mean), rtol=1e-5
+  )
   for a, r in zip(jax.tree.leaves(mean), jax.tree.leaves(ref_mean), strict=True):
     np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
 
@@ -233,8 +244,9 @@ def test_grad_stats_crosses_jit_and_pmap_boundaries():
   mapped = jax.pmap(lambda s: jax.tree.map(lambda x: 2 * x, s))(per_device)
   assert isinstance(mapped, ol.GradStats) and mapped.num_samples == NUM_DEVICES
   first = jax.tree.leaves(stats.sq_norm_mean)[0]
-  np.testing.assert_allclose(jax.tree.leaves(mapped.sq_norm_mean)[0], [2 * first, 6 * first],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    jax.tree.leaves(mapped.sq_norm_mean)[0], [2 * first, 6 * first], rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -246,10 +258,12 @@ def test_low_precision_gradients_give_float32_statistics(dtype):
   _, ref = ol.stacked_grad_stats(jax.tree.map(lambda g: g.astype(jnp.float32), low))
   assert all(m.dtype == dtype for m in jax.tree.leaves(mean))
   assert all(np.isfinite(x) for x in jax.tree.leaves(stats.sq_norm_mean))
-  np.testing.assert_allclose(jax.tree.leaves(stats.sq_norm_mean),
-                             jax.tree.leaves(ref.sq_norm_mean), rtol=1e-6)
-  np.testing.assert_allclose(jax.tree.leaves(stats.mean_grad_sq_norm),
-                             jax.tree.leaves(ref.mean_grad_sq_norm), rtol=1e-6)
+  np.testing.assert_allclose(
+    jax.tree.leaves(stats.sq_norm_mean), jax.tree.leaves(ref.sq_norm_mean), rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    jax.tree.leaves(stats.mean_grad_sq_norm), jax.tree.leaves(ref.mean_grad_sq_norm), rtol=1e-6
+  )
 
 
 def test_lena_trains_inside_pmap_with_optax_update_loop():
@@ -291,19 +305,21 @@ def test_shard_map_with_vma_checking_needs_varying_params():
     return ol.all_reduce_grad_stats(grads, "batch")
 
   with pytest.raises(ValueError, match=r"already reduced.*pcast"):
-    jax.jit(jax.shard_map(reduced_by_grad, mesh=mesh, in_specs=(P(), P("batch")),
-                          out_specs=P()))(params, per_device)
+    jax.jit(jax.shard_map(reduced_by_grad, mesh=mesh, in_specs=(P(), P("batch")), out_specs=P()))(
+      params, per_device
+    )
 
   def varying(params, batches):
     params = jax.lax.pcast(params, "batch", to="varying")
-    _, grads, stats = ol.accumulate_grad_stats(_loss, params, jax.tree.map(lambda t: t[0],
-                                                                             batches))
+    _, grads, stats = ol.accumulate_grad_stats(_loss, params, jax.tree.map(lambda t: t[0], batches))
     return ol.all_reduce_grad_stats(grads, "batch", local_stats=stats)
 
-  mean, stats = jax.jit(jax.shard_map(varying, mesh=mesh, in_specs=(P(), P("batch")),
-                                      out_specs=P()))(params, per_device)
+  mean, stats = jax.jit(
+    jax.shard_map(varying, mesh=mesh, in_specs=(P(), P("batch")), out_specs=P())
+  )(params, per_device)
   ref_mean, ref_stats = ol.stacked_grad_stats(
-      jax.vmap(jax.grad(_loss), in_axes=(None, 0))(params, (x, y)))
+    jax.vmap(jax.grad(_loss), in_axes=(None, 0))(params, (x, y))
+  )
   assert stats.num_samples == NUM_DEVICES * k
   assert_stats_close(stats, ref_stats, rtol=1e-5)
   for a, r in zip(jax.tree.leaves(mean), jax.tree.leaves(ref_mean), strict=True):

@@ -25,10 +25,16 @@ NUM_DEVICES = 8  # tests/conftest.py
 
 def small_params(dtype=jnp.float32):
   rng = np.random.RandomState(0)
-  return {"dense": {"kernel": jnp.asarray(rng.randn(3, 4) * 0.5, dtype),
-                    "bias": jnp.asarray(rng.randn(4) * 0.1, dtype)},
-          "out": {"kernel": jnp.asarray(rng.randn(4, 2) * 0.5, dtype),
-                  "bias": jnp.asarray(rng.randn(2) * 0.1, dtype)}}
+  return {
+    "dense": {
+      "kernel": jnp.asarray(rng.randn(3, 4) * 0.5, dtype),
+      "bias": jnp.asarray(rng.randn(4) * 0.1, dtype),
+    },
+    "out": {
+      "kernel": jnp.asarray(rng.randn(4, 2) * 0.5, dtype),
+      "bias": jnp.asarray(rng.randn(2) * 0.1, dtype),
+    },
+  }
 
 
 def small_loss(params, x, y):
@@ -44,11 +50,13 @@ def worker_batches(rng, steps, s=S, batch=6):
 
 def tree_bits(tree):
   """Leaves as integer bit patterns: array_equal on them is a bitwise comparison."""
+
   def bits(x):
     x = np.asarray(x)
     if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
       return x.view(np.dtype(f"u{x.dtype.itemsize}"))
     return x
+
   return [bits(x) for x in jax.tree.leaves(tree)]
 
 
@@ -63,12 +71,12 @@ def assert_trees_bitwise_equal(a, b, what=""):
 THETA, W = 20.0, 30  # state-aware theta and fixed W (base steps): warm-ups span ~5-8 updates
 SCHEDULE = optax.exponential_decay(0.05, transition_steps=10, decay_rate=0.5)
 CONFIGS = {
-    "lena-state": lambda: ol.lena(SCHEDULE, weight_decay=1e-3, warmup_threshold=THETA),
-    "lena-fixed": lambda: ol.lena(SCHEDULE, warmup_steps=W, clock="samples"),
-    "adascale-state": lambda: ol.adascale(0.05, weight_decay=1e-3, warmup_threshold=THETA),
-    "adascale-fixed": lambda: ol.adascale(SCHEDULE, warmup_steps=W),
-    "linear-state": lambda: ol.linear_scaling(0.02, warmup_threshold=THETA),
-    "linear-fixed": lambda: ol.linear_scaling(SCHEDULE, weight_decay=1e-3, warmup_steps=W),
+  "lena-state": lambda: ol.lena(SCHEDULE, weight_decay=1e-3, warmup_threshold=THETA),
+  "lena-fixed": lambda: ol.lena(SCHEDULE, warmup_steps=W, clock="samples"),
+  "adascale-state": lambda: ol.adascale(0.05, weight_decay=1e-3, warmup_threshold=THETA),
+  "adascale-fixed": lambda: ol.adascale(SCHEDULE, warmup_steps=W),
+  "linear-state": lambda: ol.linear_scaling(0.02, warmup_threshold=THETA),
+  "linear-fixed": lambda: ol.linear_scaling(SCHEDULE, weight_decay=1e-3, warmup_steps=W),
 }
 # NaN, +-Inf, and finite values whose squares overflow float32 (1e20**2 = 1e40 > 3.4e38).
 BAD_VALUES = (np.nan, np.inf, -np.inf, 1e20, -3e19)
@@ -185,7 +193,8 @@ def test_squared_norm_overflow_is_skipped_even_when_every_element_square_is_fini
 def stacked_grads(params, seed, s=S, scale=1.0):
   rng = np.random.RandomState(seed)
   return jax.tree.map(
-      lambda p: jnp.asarray(scale * (0.2 + rng.randn(s, *p.shape)), p.dtype), params)
+    lambda p: jnp.asarray(scale * (0.2 + rng.randn(s, *p.shape)), p.dtype), params
+  )
 
 
 def test_gradients_that_disagree_with_finite_statistics_need_apply_if_finite():
@@ -260,8 +269,9 @@ def test_multisteps_sees_only_the_last_call_statistics_use_accumulate_grad_stats
   params = small_params()
   k = 4
   y, x = worker_batches(np.random.RandomState(5), k, s=2)
-  per_call = [jax.vmap(jax.grad(small_loss), in_axes=(None, 0, 0))(params, x[j], y[j])
-              for j in range(k)]
+  per_call = [
+    jax.vmap(jax.grad(small_loss), in_axes=(None, 0, 0))(params, x[j], y[j]) for j in range(k)
+  ]
   multi = optax.MultiSteps(ol.lena(0.05), every_k_schedule=k)
   state = multi.init(params)
   multi_update = jax.jit(multi.update)
@@ -284,10 +294,12 @@ def test_multisteps_sees_only_the_last_call_statistics_use_accumulate_grad_stats
   # accumulate_grad_stats over k sequential micro-batches of 2 workers' data agrees (S = k).
   micro = (jnp.asarray(x.reshape(k * 2, *x.shape[2:])), jnp.asarray(y.reshape(k * 2, *y.shape[2:])))
   _, acc_mean, acc_stats = ol.accumulate_grad_stats(
-      lambda p, b: small_loss(p, b[0], b[1]), params, micro)
+    lambda p, b: small_loss(p, b[0], b[1]), params, micro
+  )
   assert acc_stats.num_samples == 8
-  np.testing.assert_allclose(jax.tree.leaves(acc_stats.sq_norm_mean),
-                             jax.tree.leaves(stats8.sq_norm_mean), rtol=1e-5)
+  np.testing.assert_allclose(
+    jax.tree.leaves(acc_stats.sq_norm_mean), jax.tree.leaves(stats8.sq_norm_mean), rtol=1e-5
+  )
   for a, b in zip(jax.tree.leaves(acc_mean), jax.tree.leaves(mean8), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
@@ -297,8 +309,9 @@ def test_multisteps_with_skip_not_finite_drops_a_bad_micro_step():
   ``should_skip_update_fn=optax.skip_not_finite`` drops that micro-step before accumulation."""
   params = small_params()
   k = 3
-  multi = optax.MultiSteps(ol.lena(0.05), every_k_schedule=k,
-                           should_skip_update_fn=optax.skip_not_finite)
+  multi = optax.MultiSteps(
+    ol.lena(0.05), every_k_schedule=k, should_skip_update_fn=optax.skip_not_finite
+  )
   state = multi.init(params)
   calls = [ol.stacked_grad_stats(stacked_grads(params, j)) for j in range(k + 1)]
   bad_mean = jax.tree.map(lambda g: g.at[(0,) * g.ndim].set(jnp.nan), calls[0][0])
@@ -334,14 +347,17 @@ def test_inject_hyperparams_schedule_and_skipped_steps():
 
   plain = lambda: ol.lena(sched, warmup_threshold=THETA)
   injected = lambda: optax.inject_hyperparams(ol.lena, static_args=("warmup_steps",))(
-      learning_rate=sched, warmup_threshold=THETA)
+    learning_rate=sched, warmup_threshold=THETA
+  )
   wrapped = lambda: ol.skip_nonfinite_steps(injected())
   for make, exact in ((plain, True), (injected, False), (wrapped, True)):
     tx = make()
     step = make_corrupting_step(tx)
     with_bad, without = final_params(tx, step, True), final_params(tx, step, False)
-    same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(with_bad),
-                                                     jax.tree.leaves(without), strict=True))
+    same = all(
+      np.array_equal(a, b)
+      for a, b in zip(jax.tree.leaves(with_bad), jax.tree.leaves(without), strict=True)
+    )
     assert same == exact
     assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(with_bad))
 
@@ -395,8 +411,9 @@ def test_float16_gradients_with_squares_beyond_float16_give_float32_ratios():
     assert all(np.all(np.isfinite(np.asarray(u, np.float32))) for u in jax.tree.leaves(u16))
     for a, b in zip(jax.tree.leaves(u16), jax.tree.leaves(u32), strict=True):
       # float16 arithmetic in the momentum and rate multiplications: ~1e-3 of the leaf's scale
-      np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=0,
-                                 atol=4e-3 * float(np.max(np.abs(b))))
+      np.testing.assert_allclose(
+        np.asarray(a, np.float32), b, rtol=0, atol=4e-3 * float(np.max(np.abs(b)))
+      )
   d16, d32 = ol.diagnostics(s16), ol.diagnostics(s32)
   for key in ("gain_ratio", "warmup_progress", "warmup_factor", "noise_scale"):
     np.testing.assert_allclose(d16[key], d32[key], rtol=1e-6, err_msg=key)
@@ -437,7 +454,8 @@ def test_paper_eps_is_not_scale_invariant_for_tiny_gradients():
   def ratio(c, eps):
     tx = ol.scale_by_lena(eps=eps)
     mean, stats = ol.stacked_grad_stats(
-        jax.tree.map(lambda g: g * np.float32(c), stacked_grads(params, 0, s=8)))
+      jax.tree.map(lambda g: g * np.float32(c), stacked_grads(params, 0, s=8))
+    )
     _, state = tx.update(mean, tx.init(params), params, grad_stats=stats)
     return np.asarray(state.ratio)
 
@@ -451,14 +469,21 @@ def test_paper_eps_is_not_scale_invariant_for_tiny_gradients():
 
 def many_leaf_tree(num_blocks, width=4):
   """A transformer-like tree: 10 leaves per block (attention q/k/v/o kernels, MLP, norms)."""
+
   def block():
     dense = lambda: {"kernel": jnp.zeros((width, width)), "bias": jnp.zeros(width)}
-    return {"attn": {"q": {"kernel": jnp.zeros((width, width))},
-                     "k": {"kernel": jnp.zeros((width, width))},
-                     "v": {"kernel": jnp.zeros((width, width))},
-                     "o": {"kernel": jnp.zeros((width, width))}},
-            "mlp_in": dense(), "mlp_out": dense(),
-            "norm": {"scale": jnp.ones(width), "bias": jnp.zeros(width)}}
+    return {
+      "attn": {
+        "q": {"kernel": jnp.zeros((width, width))},
+        "k": {"kernel": jnp.zeros((width, width))},
+        "v": {"kernel": jnp.zeros((width, width))},
+        "o": {"kernel": jnp.zeros((width, width))},
+      },
+      "mlp_in": dense(),
+      "mlp_out": dense(),
+      "norm": {"scale": jnp.ones(width), "bias": jnp.zeros(width)},
+    }
+
   return {f"block_{i:04d}": block() for i in range(num_blocks)}
 
 
@@ -478,21 +503,26 @@ def compiled_update_size(tx, params):
   return compiled.as_text().count("\n")
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: ol.lena(0.1, weight_decay=5e-4, warmup_threshold=50.0),
     lambda: ol.adascale(0.1, warmup_steps=100),
-])
+  ],
+)
 def test_compiled_update_grows_linearly_with_the_number_of_leaves(make):
   """A scalar that depends on every leaf (the finiteness check, AdaScale's global ratio) must
   not be duplicated into every leaf's fused kernel: compiled size O(leaves), not O(leaves^2)."""
-  small = compiled_update_size(make(), many_leaf_tree(2))   # 20 leaves
-  large = compiled_update_size(make(), many_leaf_tree(8))   # 80 leaves
+  small = compiled_update_size(make(), many_leaf_tree(2))  # 20 leaves
+  large = compiled_update_size(make(), many_leaf_tree(8))  # 80 leaves
   assert large / small < 6.0, (small, large)  # 4x the leaves; quadratic growth gives ~16x
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("OPTAX_LENA_BIG_TREE"),
-                    reason="minutes of XLA CPU compile time: set OPTAX_LENA_BIG_TREE=1")
+@pytest.mark.skipif(
+  not os.environ.get("OPTAX_LENA_BIG_TREE"),
+  reason="minutes of XLA CPU compile time: set OPTAX_LENA_BIG_TREE=1",
+)
 def test_5000_leaf_tree_compiles_and_runs_one_step():
   params = many_leaf_tree(500)
   assert len(jax.tree.leaves(params)) == 5000
@@ -531,8 +561,10 @@ def test_real_flax_model_grouped_by_module():
   y = jnp.asarray(rng.randn(8, 5, 1), jnp.float32)
   params = jax.jit(model.init)(jax.random.key(0), x[0])["params"]
   loss = lambda p, xb, yb: jnp.mean((model.apply({"params": p}, xb) - yb) ** 2)
-  txs = [ol.lena(0.05, grouping=grouping, warmup_threshold=THETA, eps=0.0)
-         for grouping in ("module", ol.group_by_module)]
+  txs = [
+    ol.lena(0.05, grouping=grouping, warmup_threshold=THETA, eps=0.0)
+    for grouping in ("module", ol.group_by_module)
+  ]
 
   @jax.jit
   def train(params):
@@ -540,8 +572,7 @@ def test_real_flax_model_grouped_by_module():
     for tx in txs:
       p, state = params, tx.init(params)
       for _ in range(2):
-        mean, stats = ol.stacked_grad_stats(
-            jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(p, x, y))
+        mean, stats = ol.stacked_grad_stats(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(p, x, y))
         updates, state = tx.update(mean, state, p, grad_stats=stats)
         p = optax.apply_updates(p, updates)
       states.append(state)
@@ -570,8 +601,9 @@ def test_real_flax_model_grouped_by_module():
     assert len(values) == 1, path  # kernel and bias (scale and bias) share one ratio
     progress = {float(v) for v in sub(d["warmup_progress"]).values()}
     assert len(progress) == 1, path
-    expected = np.clip(sum(float(v) for v in sub(top).values())
-                       / sum(float(v) for v in sub(bot).values()), 1.0, 8.0)
+    expected = np.clip(
+      sum(float(v) for v in sub(top).values()) / sum(float(v) for v in sub(bot).values()), 1.0, 8.0
+    )
     np.testing.assert_allclose(values.pop(), expected, rtol=1e-5, err_msg=str(path))
 
 
@@ -580,18 +612,23 @@ def test_frozen_layers_give_ratio_one_over_many_steps():
   rng = np.random.RandomState(0)
 
   def grads(t):
-    return {"frozen": jnp.zeros((8, 3)), "also_frozen": jnp.zeros((8, 2)),
-            "live": jnp.asarray(rng.randn(8, 4) + 0.1 * t, jnp.float32)}
+    return {
+      "frozen": jnp.zeros((8, 3)),
+      "also_frozen": jnp.zeros((8, 2)),
+      "live": jnp.asarray(rng.randn(8, 4) + 0.1 * t, jnp.float32),
+    }
 
   labels = {"frozen": "off", "live": "on", "also_frozen": "on"}
   for eps in (1e-6, 0.0):
     txs = {
-        "plain": ol.lena(0.1, eps=eps, warmup_threshold=10.0),
-        "masked": optax.masked(ol.lena(0.1, eps=eps, warmup_threshold=10.0),
-                               {"frozen": False, "live": True, "also_frozen": True}),
-        "multi": optax.multi_transform(
-            {"on": ol.lena(0.1, eps=eps, warmup_threshold=10.0), "off": optax.set_to_zero()},
-            labels),
+      "plain": ol.lena(0.1, eps=eps, warmup_threshold=10.0),
+      "masked": optax.masked(
+        ol.lena(0.1, eps=eps, warmup_threshold=10.0),
+        {"frozen": False, "live": True, "also_frozen": True},
+      ),
+      "multi": optax.multi_transform(
+        {"on": ol.lena(0.1, eps=eps, warmup_threshold=10.0), "off": optax.set_to_zero()}, labels
+      ),
     }
     for name, tx in txs.items():
       state = tx.init(params)
@@ -601,8 +638,11 @@ def test_frozen_layers_give_ratio_one_over_many_steps():
         updates, state = update(mean, state, params, grad_stats=stats)
         assert all(np.all(np.isfinite(u)) for u in jax.tree.leaves(updates)), name
         assert np.all(updates["also_frozen"] == 0), name
-      inner = {"plain": state, "masked": getattr(state, "inner_state", None),
-               "multi": getattr(state, "inner_states", {}).get("on")}[name]
+      inner = {
+        "plain": state,
+        "masked": getattr(state, "inner_state", None),
+        "multi": getattr(state, "inner_states", {}).get("on"),
+      }[name]
       inner = getattr(inner, "inner_state", inner)  # MaskedState of multi_transform
       d = ol.diagnostics(inner)
       ratio, progress = np.asarray(d["gain_ratio"]), np.asarray(d["warmup_progress"])
@@ -618,8 +658,9 @@ def test_nan_in_a_frozen_layer_does_not_skip_the_live_layers():
   rng = np.random.RandomState(0)
   g = {"frozen": jnp.full((8, 3), jnp.nan), "live": jnp.asarray(rng.randn(8, 4), jnp.float32)}
   mean, stats = ol.stacked_grad_stats(g)
-  tx = optax.multi_transform({"on": ol.lena(0.1), "off": optax.set_to_zero()},
-                             {"frozen": "off", "live": "on"})
+  tx = optax.multi_transform(
+    {"on": ol.lena(0.1), "off": optax.set_to_zero()}, {"frozen": "off", "live": "on"}
+  )
   updates, state = jax.jit(tx.update)(mean, tx.init(params), params, grad_stats=stats)
   assert np.all(updates["frozen"] == 0)
   assert np.all(np.isfinite(updates["live"])) and np.any(updates["live"] != 0)
@@ -628,9 +669,12 @@ def test_nan_in_a_frozen_layer_does_not_skip_the_live_layers():
 
 def test_empty_parameter_tree_everywhere():
   empty_stats = ol.GradStats({}, 8, {})
-  for tx in (ol.adascale(0.1, warmup_steps=10), ol.linear_scaling(0.1, warmup_threshold=3.0),
-             ol.lena(optax.constant_schedule(0.1), clock="samples", grouping="module"),
-             ol.lena(0.1, eps=0.0)):
+  for tx in (
+    ol.adascale(0.1, warmup_steps=10),
+    ol.linear_scaling(0.1, warmup_threshold=3.0),
+    ol.lena(optax.constant_schedule(0.1), clock="samples", grouping="module"),
+    ol.lena(0.1, eps=0.0),
+  ):
     state = tx.init({})
     updates, state = jax.jit(tx.update)({}, state, {}, grad_stats=empty_stats)
     updates, state = tx.update({}, state, {}, grad_stats=ol.GradStats({}, 8))  # no bot
@@ -640,8 +684,9 @@ def test_empty_parameter_tree_everywhere():
     assert int(d["num_updates"]) == 2 and int(d["num_skipped_steps"]) == 0
   loss, grads, stats = ol.accumulate_grad_stats(lambda p, b: jnp.sum(b), {}, jnp.ones((3, 2)))
   assert grads == {} and stats.num_samples == 3 and float(loss) == 2.0
-  reduced = jax.pmap(lambda x: ol.all_reduce_grad_stats({}, "i")[1].num_samples * x,
-                     axis_name="i")(jnp.ones(NUM_DEVICES))
+  reduced = jax.pmap(lambda x: ol.all_reduce_grad_stats({}, "i")[1].num_samples * x, axis_name="i")(
+    jnp.ones(NUM_DEVICES)
+  )
   np.testing.assert_array_equal(reduced, NUM_DEVICES)
 
 

@@ -12,14 +12,18 @@ import optax_lena as ol
 
 
 def params_tree():
-  return {"w": jnp.asarray(np.linspace(-1, 1, 12).reshape(3, 4), jnp.float32),
-          "b": jnp.asarray([0.5, -0.5, 0.25], jnp.float32)}
+  return {
+    "w": jnp.asarray(np.linspace(-1, 1, 12).reshape(3, 4), jnp.float32),
+    "b": jnp.asarray([0.5, -0.5, 0.25], jnp.float32),
+  }
 
 
 def worker_grads(s, seed, scale=1.0):
   rng = np.random.RandomState(seed)
-  return {"w": jnp.asarray(scale * (0.3 + rng.randn(s, 3, 4)), jnp.float32),
-          "b": jnp.asarray(scale * rng.randn(s, 3), jnp.float32)}
+  return {
+    "w": jnp.asarray(scale * (0.3 + rng.randn(s, 3, 4)), jnp.float32),
+    "b": jnp.asarray(scale * rng.randn(s, 3), jnp.float32),
+  }
 
 
 def run(tx, steps, s, jit=True, seed=0, params=None):
@@ -56,32 +60,36 @@ def assert_single_worker_trajectory_equals(tx, sgd, steps=10):
 @pytest.mark.parametrize("alias", [ol.lena, ol.adascale, ol.linear_scaling])
 def test_single_worker_is_exactly_momentum_sgd(alias):
   state = assert_single_worker_trajectory_equals(
-      alias(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)
+    alias(0.05, momentum=0.9), optax.sgd(0.05, momentum=0.9)
   )
   np.testing.assert_array_equal(ol.diagnostics(state)["gain_ratio"], 1.0)
 
 
 def test_single_worker_with_weight_decay_is_exactly_coupled_sgd():
   assert_single_worker_trajectory_equals(
-      ol.lena(0.05, momentum=0.9, weight_decay=1e-3),
-      optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, momentum=0.9)),
+    ol.lena(0.05, momentum=0.9, weight_decay=1e-3),
+    optax.chain(optax.add_decayed_weights(1e-3), optax.sgd(0.05, momentum=0.9)),
   )
 
 
 # -- (e) jit and no-jit agree -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: ol.lena(0.1, weight_decay=5e-4, warmup_threshold=25.0),
     lambda: ol.adascale(0.1, warmup_steps=40),
     lambda: ol.linear_scaling(0.1, warmup_steps=40),
     lambda: ol.lena(optax.exponential_decay(0.1, 100, 0.01), clock="samples", grouping="module"),
-])
+  ],
+)
 def test_jit_and_eager_agree(make):
   p_jit, s_jit = run(make(), 6, 8, jit=True)
   p_eager, s_eager = run(make(), 6, 8, jit=False)
-  for a, b in zip(jax.tree.leaves((p_jit, s_jit)), jax.tree.leaves((p_eager, s_eager)),
-                  strict=True):
+  for a, b in zip(
+    jax.tree.leaves((p_jit, s_jit)), jax.tree.leaves((p_eager, s_eager)), strict=True
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
@@ -94,11 +102,17 @@ floats = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity
 @given(s=st.integers(1, 256), seed=st.integers(0, 2**16), signal=floats, noise=floats)
 def test_ratio_is_within_one_and_s(s, seed, signal, noise):
   rng = np.random.RandomState(seed)
-  grads = {"a": jnp.asarray(signal + noise * rng.randn(s, 5), jnp.float32),
-           "b": jnp.asarray(noise * rng.randn(s, 2, 2), jnp.float32)}
+  grads = {
+    "a": jnp.asarray(signal + noise * rng.randn(s, 5), jnp.float32),
+    "b": jnp.asarray(noise * rng.randn(s, 2, 2), jnp.float32),
+  }
   params = jax.tree.map(lambda g: g[0], grads)
-  for tx in (ol.scale_by_lena(), ol.scale_by_adascale(), ol.scale_by_linear_scaling(),
-             ol.scale_by_lena(eps=0.0)):
+  for tx in (
+    ol.scale_by_lena(),
+    ol.scale_by_adascale(),
+    ol.scale_by_linear_scaling(),
+    ol.scale_by_lena(eps=0.0),
+  ):
     mean, stats = ol.stacked_grad_stats(grads)
     _, state = tx.update(mean, tx.init(params), params, grad_stats=stats)
     ratio = np.asarray(state.ratio)
@@ -146,8 +160,12 @@ def test_ratio_with_zero_eps_is_invariant_at_extreme_scales(scale):
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**16), theta=st.floats(1.0, 200.0), s=st.integers(1, 64),
-       rule=st.sampled_from(["lena", "adascale", "linear"]))
+@given(
+  seed=st.integers(0, 2**16),
+  theta=st.floats(1.0, 200.0),
+  s=st.integers(1, 64),
+  rule=st.sampled_from(["lena", "adascale", "linear"]),
+)
 def test_warmup_progress_never_decreases(seed, theta, s, rule):
   rng = np.random.RandomState(seed)
   params = {"a": jnp.zeros(4), "b": jnp.zeros(3)}
@@ -157,8 +175,10 @@ def test_warmup_progress_never_decreases(seed, theta, s, rule):
   prev_progress, prev_end = np.zeros(2), np.full(2, -1)
   for _ in range(8):
     scale = rng.choice([0.0, 1e-3, 1.0, 50.0])
-    g = {"a": jnp.asarray(rng.randn(s, 4) * scale + rng.randn(), jnp.float32),
-         "b": jnp.asarray(rng.randn(s, 3) * scale, jnp.float32)}
+    g = {
+      "a": jnp.asarray(rng.randn(s, 4) * scale + rng.randn(), jnp.float32),
+      "b": jnp.asarray(rng.randn(s, 3) * scale, jnp.float32),
+    }
     mean, stats = ol.stacked_grad_stats(g)
     _, state = update(mean, state, params, grad_stats=stats)
     progress, factor = np.asarray(state.progress), np.asarray(state.factor)
@@ -175,9 +195,14 @@ def test_warmup_progress_never_decreases(seed, theta, s, rule):
 def test_lena_around_adam_inner_update_uses_raw_gradient_statistics():
   params = params_tree()
   theta = 30.0
-  tx = ol.skip_nonfinite_steps(optax.chain(
-      optax.scale_by_adam(), ol.scale_by_lena(), ol.layerwise_warmup(theta),
-      optax.scale_by_learning_rate(1e-3)))
+  tx = ol.skip_nonfinite_steps(
+    optax.chain(
+      optax.scale_by_adam(),
+      ol.scale_by_lena(),
+      ol.layerwise_warmup(theta),
+      optax.scale_by_learning_rate(1e-3),
+    )
+  )
   reference = ol.lena(0.1, warmup_threshold=theta)
   state, ref_state = tx.init(params), reference.init(params)
   for t in range(5):
@@ -201,8 +226,9 @@ def test_lena_around_lamb_runs_and_scales_by_ratio():
   updates, state = tx.update(mean, state, params, grad_stats=stats)
   lamb_updates, _ = lamb.update(mean, lamb_state, params)
   ratio = ol.diagnostics(state)["gain_ratio"]
-  for k, (u, lu) in enumerate(zip(jax.tree.leaves(updates), jax.tree.leaves(lamb_updates),
-                                  strict=True)):
+  for k, (u, lu) in enumerate(
+    zip(jax.tree.leaves(updates), jax.tree.leaves(lamb_updates), strict=True)
+  ):
     np.testing.assert_allclose(u, lu * ratio[k], rtol=1e-6)
 
 
@@ -252,19 +278,30 @@ def test_schedule_on_sample_clock_gives_paper_exponential_decay():
     np.testing.assert_allclose(updates["b"], expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("grouping", [
+@pytest.mark.parametrize(
+  "grouping",
+  [
     "module",
     ol.group_by_module,
     {"dense": {"kernel": "d", "bias": "d"}, "out": {"kernel": "o", "bias": "o"}},
-])
+  ],
+)
 def test_grouping_shares_ratio_and_progress_within_a_group(grouping):
-  params = {"dense": {"kernel": jnp.zeros((4, 3)), "bias": jnp.zeros(3)},
-            "out": {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros(2)}}
+  params = {
+    "dense": {"kernel": jnp.zeros((4, 3)), "bias": jnp.zeros(3)},
+    "out": {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros(2)},
+  }
   rng = np.random.RandomState(0)
-  grads = {"dense": {"kernel": jnp.asarray(rng.randn(8, 4, 3) + 1, jnp.float32),
-                     "bias": jnp.asarray(rng.randn(8, 3) * 5, jnp.float32)},
-           "out": {"kernel": jnp.asarray(rng.randn(8, 3, 2), jnp.float32),
-                   "bias": jnp.asarray(rng.randn(8, 2) + 2, jnp.float32)}}
+  grads = {
+    "dense": {
+      "kernel": jnp.asarray(rng.randn(8, 4, 3) + 1, jnp.float32),
+      "bias": jnp.asarray(rng.randn(8, 3) * 5, jnp.float32),
+    },
+    "out": {
+      "kernel": jnp.asarray(rng.randn(8, 3, 2), jnp.float32),
+      "bias": jnp.asarray(rng.randn(8, 2) + 2, jnp.float32),
+    },
+  }
   tx = ol.lena(0.1, grouping=grouping, warmup_threshold=20.0)
   mean, stats = ol.stacked_grad_stats(grads)
   _, state = tx.update(mean, tx.init(params), params, grad_stats=stats)
@@ -295,8 +332,9 @@ def test_masked_and_frozen_layers_give_ratio_one():
   masked = optax.masked(ol.lena(0.1), {"frozen": False, "live": True})
   updates, state = masked.update(mean, masked.init(params), params, grad_stats=stats)
   assert np.all(np.isfinite(updates["live"]))
-  multi = optax.multi_transform({"sgd": ol.lena(0.1), "off": optax.set_to_zero()},
-                                {"frozen": "off", "live": "sgd"})
+  multi = optax.multi_transform(
+    {"sgd": ol.lena(0.1), "off": optax.set_to_zero()}, {"frozen": "off", "live": "sgd"}
+  )
   updates, state = multi.update(mean, multi.init(params), params, grad_stats=stats)
   assert np.all(updates["frozen"] == 0) and np.all(np.isfinite(updates["live"]))
   inner = state.inner_states["sgd"].inner_state
@@ -316,19 +354,25 @@ def test_diagnostics_is_jittable_and_reports_noise_scale():
   d = jax.jit(ol.diagnostics)(state)
   rs = next(x for x in state.inner_state if isinstance(x, ol.GainRatioState))
   s = 8
-  top, bot = np.asarray(rs.sq_norm_mean_avg, np.float64), np.asarray(rs.mean_grad_sq_norm_avg,
-                                                                       np.float64)
-  g2 = (s * bot - top) / (s - 1)           # unbiased |G|^2 (per-worker batch b = 1 unit)
-  tr_sigma = s * (top - bot) / (s - 1)     # unbiased tr(Sigma) * b
+  top, bot = (
+    np.asarray(rs.sq_norm_mean_avg, np.float64),
+    np.asarray(rs.mean_grad_sq_norm_avg, np.float64),
+  )
+  g2 = (s * bot - top) / (s - 1)  # unbiased |G|^2 (per-worker batch b = 1 unit)
+  tr_sigma = s * (top - bot) / (s - 1)  # unbiased tr(Sigma) * b
   np.testing.assert_allclose(d["noise_scale"], tr_sigma / g2, rtol=1e-4)
   np.testing.assert_allclose(d["lr_multiplier"], d["gain_ratio"] * d["warmup_factor"])
   assert int(d["num_updates"]) == 4 and int(d["num_samples"]) == 8
 
 
-@pytest.mark.parametrize("make", [
-    lambda: ol.lena(0.1, warmup_threshold=5.0), lambda: ol.adascale(0.1, warmup_steps=10),
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: ol.lena(0.1, warmup_threshold=5.0),
+    lambda: ol.adascale(0.1, warmup_steps=10),
     lambda: ol.linear_scaling(0.1, clock="samples"),
-])
+  ],
+)
 def test_state_can_be_donated_to_a_jitted_step(make):
   """Every state field is its own buffer, so `donate_argnums` works (a shared zero array made
   XLA abort with 'donate the same buffer twice')."""

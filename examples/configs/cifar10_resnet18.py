@@ -9,19 +9,19 @@ from examples.configs import Config
 
 
 def get_config() -> Config:
-    """Returns the ResNet-18 / CIFAR-10 configuration (single worker by default)."""
-    return Config(
-        dataset="cifar10",
-        eval_split="test",
-        model="resnet18",
-        optimizer="lena",
-        per_worker_batch=128,
-        batch_scale=1,
-        learning_rate=0.1,
-        momentum=0.9,
-        weight_decay=5e-4,
-        num_epochs=100,
-        eval_batch_size=1000,
-        log_every=50,
-        checkpoint_every=500,
-    )
+  """Returns the ResNet-18 / CIFAR-10 configuration (single worker by default)."""
+  return Config(
+    dataset="cifar10",
+    eval_split="test",
+    model="resnet18",
+    optimizer="lena",
+    per_worker_batch=128,
+    batch_scale=1,
+    learning_rate=0.1,
+    momentum=0.9,
+    weight_decay=5e-4,
+    num_epochs=100,
+    eval_batch_size=1000,
+    log_every=50,
+    checkpoint_every=500,
+  )

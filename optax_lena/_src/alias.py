@@ -20,15 +20,15 @@ from optax_lena._src import grouping as grouping_lib
 
 
 def large_batch_sgd(
-    learning_rate: optax.ScalarOrSchedule,
-    rule: gain_ratio.GainRatioRule,
-    *,
-    momentum: float | None = 0.9,
-    nesterov: bool = False,
-    weight_decay: float = 0.0,
-    warmup_threshold: float | None = None,
-    warmup_steps: float = 0,
-    clock: str = "updates",
+  learning_rate: optax.ScalarOrSchedule,
+  rule: gain_ratio.GainRatioRule,
+  *,
+  momentum: float | None = 0.9,
+  nesterov: bool = False,
+  weight_decay: float = 0.0,
+  warmup_threshold: float | None = None,
+  warmup_steps: float = 0,
+  clock: str = "updates",
 ) -> optax.GradientTransformationExtraArgs:
   """Momentum SGD whose per-layer rate is scaled by ``rule`` and warmed up.
 
@@ -50,8 +50,8 @@ def large_batch_sgd(
   schedule.check_clock(clock)
   if warmup_threshold is not None and _may_be_nonzero(warmup_steps):
     raise ValueError(
-        "Choose one warm-up: warmup_threshold (state-aware, layer-wise) or warmup_steps (fixed "
-        "linear), not both."
+      "Choose one warm-up: warmup_threshold (state-aware, layer-wise) or warmup_steps (fixed "
+      "linear), not both."
     )
   blocks: list[optax.GradientTransformation] = []
   if not _is_zero(weight_decay):
@@ -99,18 +99,18 @@ def _is_zero(x: Any) -> bool:
 
 
 def lena(
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    momentum: float | None = 0.9,
-    weight_decay: float = 0.0,
-    warmup_threshold: float | None = None,
-    eps: float = 1e-6,
-    beta: float | None = None,
-    grouping: grouping_lib.Grouping = None,
-    warmup_steps: float = 0,
-    nesterov: bool = False,
-    clock: str = "updates",
-    num_samples: int | None = None,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  momentum: float | None = 0.9,
+  weight_decay: float = 0.0,
+  warmup_threshold: float | None = None,
+  eps: float = 1e-6,
+  beta: float | None = None,
+  grouping: grouping_lib.Grouping = None,
+  warmup_steps: float = 0,
+  nesterov: bool = False,
+  clock: str = "updates",
+  num_samples: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA: layer-wise gain ratios with the layer-wise state-aware warm-up (docs/LENA.md 1-6).
 
@@ -145,23 +145,29 @@ def lena(
   """
   rule = gain_ratio.lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
   return large_batch_sgd(
-      learning_rate, rule, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-      warmup_threshold=warmup_threshold, warmup_steps=warmup_steps, clock=clock,
+    learning_rate,
+    rule,
+    momentum=momentum,
+    nesterov=nesterov,
+    weight_decay=weight_decay,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
   )
 
 
 def adascale(
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    momentum: float | None = 0.9,
-    weight_decay: float = 0.0,
-    warmup_threshold: float | None = None,
-    eps: float = 1e-6,
-    beta: float | None = None,
-    warmup_steps: float = 0,
-    nesterov: bool = False,
-    clock: str = "updates",
-    num_samples: int | None = None,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  momentum: float | None = 0.9,
+  weight_decay: float = 0.0,
+  warmup_threshold: float | None = None,
+  eps: float = 1e-6,
+  beta: float | None = None,
+  warmup_steps: float = 0,
+  nesterov: bool = False,
+  clock: str = "updates",
+  num_samples: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale SGD: one gain ratio for the whole model (the paper's AS baseline).
 
@@ -187,21 +193,27 @@ def adascale(
   """
   rule = gain_ratio.adascale_rule(beta=beta, eps=eps, num_samples=num_samples)
   return large_batch_sgd(
-      learning_rate, rule, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-      warmup_threshold=warmup_threshold, warmup_steps=warmup_steps, clock=clock,
+    learning_rate,
+    rule,
+    momentum=momentum,
+    nesterov=nesterov,
+    weight_decay=weight_decay,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
   )
 
 
 def linear_scaling(
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    momentum: float | None = 0.9,
-    weight_decay: float = 0.0,
-    warmup_steps: float = 0,
-    warmup_threshold: float | None = None,
-    nesterov: bool = False,
-    clock: str = "updates",
-    num_samples: int | None = None,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  momentum: float | None = 0.9,
+  weight_decay: float = 0.0,
+  warmup_steps: float = 0,
+  warmup_threshold: float | None = None,
+  nesterov: bool = False,
+  clock: str = "updates",
+  num_samples: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Linear scaling with warm-up (LSW): every layer's rate is S * eta0.
 
@@ -223,6 +235,12 @@ def linear_scaling(
   """
   rule = gain_ratio.linear_rule(num_samples=num_samples)
   return large_batch_sgd(
-      learning_rate, rule, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-      warmup_threshold=warmup_threshold, warmup_steps=warmup_steps, clock=clock,
+    learning_rate,
+    rule,
+    momentum=momentum,
+    nesterov=nesterov,
+    weight_decay=weight_decay,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
   )

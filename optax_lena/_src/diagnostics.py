@@ -11,14 +11,18 @@ from optax_lena._src import gain_ratio, nonfinite, tree_utils, warmup
 
 PyTree = Any
 _STATES = (
-    gain_ratio.GainRatioState,
-    warmup.LayerwiseWarmupState,
-    warmup.FixedWarmupState,
-    nonfinite.SkipNonFiniteState,
+  gain_ratio.GainRatioState,
+  warmup.LayerwiseWarmupState,
+  warmup.FixedWarmupState,
+  nonfinite.SkipNonFiniteState,
 )
 PER_LAYER = (
-    "gain_ratio", "warmup_progress", "warmup_factor", "lr_multiplier", "warmup_end_step",
-    "noise_scale",
+  "gain_ratio",
+  "warmup_progress",
+  "warmup_factor",
+  "lr_multiplier",
+  "warmup_end_step",
+  "noise_scale",
 )
 
 
@@ -49,7 +53,7 @@ def _find_states(opt_state: PyTree) -> dict[type, list[Any]]:
   # The warm-up's private copy of its rule's state is not a rule of its own.
   inner = {id(w.ratio_state) for w in found[warmup.LayerwiseWarmupState]}
   found[gain_ratio.GainRatioState] = [
-      s for s in found[gain_ratio.GainRatioState] if id(s) not in inner
+    s for s in found[gain_ratio.GainRatioState] if id(s) not in inner
   ]
   return found
 
@@ -78,9 +82,9 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
     ratio_states = [w.ratio_state for w in layer_warmups]
   if len(ratio_states) != 1 or len(layer_warmups) > 1 or len(found[warmup.FixedWarmupState]) > 1:
     raise ValueError(
-        "ol.diagnostics needs the state of exactly one optax_lena gain-ratio rule (and at most "
-        f"one warm-up of each kind); found {len(ratio_states)} rule states. For several rules "
-        "(e.g. optax.multi_transform) call ol.diagnostics on each inner state."
+      "ol.diagnostics needs the state of exactly one optax_lena gain-ratio rule (and at most "
+      f"one warm-up of each kind); found {len(ratio_states)} rule states. For several rules "
+      "(e.g. optax.multi_transform) call ol.diagnostics on each inner state."
     )
   rs = ratio_states[0]
   n = rs.ratio.shape[0]
@@ -94,19 +98,19 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
     factor = factor * fw.factor
   skip = found[nonfinite.SkipNonFiniteState]
   out = {
-      "gain_ratio": rs.ratio,
-      "warmup_progress": progress,
-      "warmup_factor": factor,
-      "lr_multiplier": rs.ratio * factor,
-      "warmup_end_step": end_step,
-      "noise_scale": noise_scale(rs.sq_norm_mean_avg, rs.mean_grad_sq_norm_avg, rs.num_samples),
-      "global_ratio": rs.global_ratio,
-      "global_noise_scale": noise_scale(
-          jnp.sum(rs.sq_norm_mean_avg), jnp.sum(rs.mean_grad_sq_norm_avg), rs.num_samples
-      ),
-      "num_samples": rs.num_samples,
-      "num_updates": rs.count,
-      "num_skipped_steps": skip[0].num_skipped if skip else jnp.zeros([], jnp.int32),
+    "gain_ratio": rs.ratio,
+    "warmup_progress": progress,
+    "warmup_factor": factor,
+    "lr_multiplier": rs.ratio * factor,
+    "warmup_end_step": end_step,
+    "noise_scale": noise_scale(rs.sq_norm_mean_avg, rs.mean_grad_sq_norm_avg, rs.num_samples),
+    "global_ratio": rs.global_ratio,
+    "global_noise_scale": noise_scale(
+      jnp.sum(rs.sq_norm_mean_avg), jnp.sum(rs.mean_grad_sq_norm_avg), rs.num_samples
+    ),
+    "num_samples": rs.num_samples,
+    "num_updates": rs.count,
+    "num_skipped_steps": skip[0].num_skipped if skip else jnp.zeros([], jnp.int32),
   }
   if params is not None:
     for key in PER_LAYER:
@@ -119,7 +123,7 @@ def per_layer_tree(vector: jax.Array, params: PyTree) -> PyTree:
   n = len(tree_utils.active_leaves_with_path(params))
   if vector.shape[0] != n:
     raise ValueError(
-        f"The optimizer state has {vector.shape[0]} layers but params has {n} leaves: pass the "
-        "parameter tree the optimizer was initialised with."
+      f"The optimizer state has {vector.shape[0]} layers but params has {n} leaves: pass the "
+      "parameter tree the optimizer was initialised with."
     )
   return tree_utils.map_active_indexed(lambda k, _: vector[k], params)

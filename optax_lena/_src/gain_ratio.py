@@ -91,26 +91,26 @@ RULES = {"lena": lena_rule, "adascale": adascale_rule, "linear": linear_rule}
 
 
 def rule_from_name(
-    rule: str | GainRatioRule,
-    *,
-    beta: Any = None,
-    eps: Any = None,
-    grouping: grouping_lib.Grouping = None,
-    num_samples: int | None = None,
+  rule: str | GainRatioRule,
+  *,
+  beta: Any = None,
+  eps: Any = None,
+  grouping: grouping_lib.Grouping = None,
+  num_samples: int | None = None,
 ) -> GainRatioRule:
   """A rule by name with its hyper-parameters (``None``: the default), or a given rule."""
   if isinstance(rule, GainRatioRule):
     if beta is not None or grouping is not None or num_samples is not None or eps is not None:
       raise ValueError(
-          "Pass the hyper-parameters either inside the GainRatioRule or as keywords, not both."
+        "Pass the hyper-parameters either inside the GainRatioRule or as keywords, not both."
       )
     return rule
   if rule not in RULES:
     raise ValueError(f"Unknown gain-ratio rule {rule!r}: use one of {sorted(RULES)}.")
   if grouping is not None and rule != "lena":
     raise ValueError(
-        f"grouping applies to the layer-wise rule 'lena' only; rule {rule!r} uses one ratio "
-        "for the whole model."
+      f"grouping applies to the layer-wise rule 'lena' only; rule {rule!r} uses one ratio "
+      "for the whole model."
     )
   kwargs = {"beta": beta, "num_samples": num_samples}
   if eps is not None:
@@ -124,17 +124,17 @@ def init_gain_ratio_state(params: PyTree) -> GainRatioState:
   n = len(tree_utils.active_leaves_with_path(params))
   # Distinct arrays for every field: a shared buffer could not be donated to a jitted step.
   return GainRatioState(
-      count=jnp.zeros([], jnp.int32),
-      sq_norm_mean_avg=jnp.zeros((n,), jnp.float32),
-      mean_grad_sq_norm_avg=jnp.zeros((n,), jnp.float32),
-      ratio=jnp.ones((n,), jnp.float32),
-      global_ratio=jnp.ones([], jnp.float32),
-      num_samples=jnp.zeros([], jnp.int32),
+    count=jnp.zeros([], jnp.int32),
+    sq_norm_mean_avg=jnp.zeros((n,), jnp.float32),
+    mean_grad_sq_norm_avg=jnp.zeros((n,), jnp.float32),
+    ratio=jnp.ones((n,), jnp.float32),
+    global_ratio=jnp.ones([], jnp.float32),
+    num_samples=jnp.zeros([], jnp.int32),
   )
 
 
 def statistics_vectors(
-    updates: PyTree, grad_stats: stats.GradStats | None, expected_num_samples: int | None
+  updates: PyTree, grad_stats: stats.GradStats | None, expected_num_samples: int | None
 ) -> tuple[jax.Array, jax.Array, int]:
   """Per-leaf ``top`` and ``bot`` (Eq. 4) as float32 vectors, and S, validated."""
   checks.check_grad_stats(grad_stats, expected_num_samples)
@@ -143,7 +143,7 @@ def statistics_vectors(
     bot = [stats.sq_norm(u) for _, u in tree_utils.active_leaves_with_path(updates)]
   else:
     bot = tree_utils.select_like(
-        grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
+      grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
     )
   return tree_utils.pack_scalars(top), tree_utils.pack_scalars(bot), grad_stats.num_samples
 
@@ -178,7 +178,7 @@ def _to_leaves(per_group: jax.Array, groups: grouping_lib.Groups) -> jax.Array:
 
 
 def advance_gain_ratio(
-    state: GainRatioState, rule: GainRatioRule, updates: PyTree, grad_stats: stats.GradStats | None
+  state: GainRatioState, rule: GainRatioRule, updates: PyTree, grad_stats: stats.GradStats | None
 ) -> GainRatioState:
   """One update of the moving averages (Eq. 8) and the clipped ratios (Step 3).
 
@@ -196,9 +196,9 @@ def advance_gain_ratio(
   top, bot, s = statistics_vectors(updates, grad_stats, rule.num_samples)
   if top.shape != state.sq_norm_mean_avg.shape:
     raise ValueError(
-        f"The optimizer state was initialised for {state.sq_norm_mean_avg.shape[0]} parameter "
-        f"leaves but the update has {top.shape[0]}: call tx.init with the same parameter tree "
-        "that the updates have."
+      f"The optimizer state was initialised for {state.sq_norm_mean_avg.shape[0]} parameter "
+      f"leaves but the update has {top.shape[0]}: call tx.init with the same parameter tree "
+      "that the updates have."
     )
   beta = min(s / 1000.0, 1.0) if rule.beta is None else rule.beta
   avg_top = beta * top + (1.0 - beta) * state.sq_norm_mean_avg
@@ -206,27 +206,23 @@ def advance_gain_ratio(
   global_ratio = clipped_ratio(jnp.sum(avg_top), jnp.sum(avg_bot), rule.eps, s)
   if rule.adaptive:
     groups = grouping_lib.resolve_groups(rule.grouping, updates)
-    per_group = clipped_ratio(
-        _group_sum(avg_top, groups), _group_sum(avg_bot, groups), rule.eps, s
-    )
+    per_group = clipped_ratio(_group_sum(avg_top, groups), _group_sum(avg_bot, groups), rule.eps, s)
     ratio = _to_leaves(per_group, groups)
   else:
     ratio = jnp.full(top.shape, float(s), jnp.float32)
   return GainRatioState(
-      count=optax.safe_increment(state.count),
-      sq_norm_mean_avg=avg_top,
-      mean_grad_sq_norm_avg=avg_bot,
-      ratio=ratio,
-      global_ratio=global_ratio,
-      num_samples=jnp.asarray(s, jnp.int32),
+    count=optax.safe_increment(state.count),
+    sq_norm_mean_avg=avg_top,
+    mean_grad_sq_norm_avg=avg_bot,
+    ratio=ratio,
+    global_ratio=global_ratio,
+    num_samples=jnp.asarray(s, jnp.int32),
   )
 
 
 def scale_active_leaves(updates: PyTree, factors: jax.Array) -> PyTree:
   """Multiplies the k-th active leaf of ``updates`` by ``factors[k]`` (in float32, then back)."""
-  return tree_utils.map_active_indexed(
-      lambda k, u: (u * factors[k]).astype(u.dtype), updates
-  )
+  return tree_utils.map_active_indexed(lambda k, u: (u * factors[k]).astype(u.dtype), updates)
 
 
 def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtraArgs:
@@ -251,11 +247,11 @@ def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtr
 
 
 def scale_by_lena(
-    *,
-    beta: float | None = None,
-    eps: float = 1e-6,
-    grouping: grouping_lib.Grouping = None,
-    num_samples: int | None = None,
+  *,
+  beta: float | None = None,
+  eps: float = 1e-6,
+  grouping: grouping_lib.Grouping = None,
+  num_samples: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA's layer-wise gain ratio (Eqs. 4, 5, 8).
 
@@ -279,12 +275,12 @@ def scale_by_lena(
     Large-Scale DNN Training", WWW 2022.
   """
   return scale_by_gain_ratio(
-      lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
+    lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
   )
 
 
 def scale_by_adascale(
-    *, beta: float | None = None, eps: float = 1e-6, num_samples: int | None = None
+  *, beta: float | None = None, eps: float = 1e-6, num_samples: int | None = None
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale's global gain ratio ``R = (sum_k A_k + eps) / (sum_k D_k + eps)``, in [1, S].
 
@@ -304,7 +300,7 @@ def scale_by_adascale(
 
 
 def scale_by_linear_scaling(
-    *, num_samples: int | None = None
+  *, num_samples: int | None = None
 ) -> optax.GradientTransformationExtraArgs:
   """Linear scaling: multiplies every update by S.
 

@@ -45,8 +45,8 @@ def validate_grouping(grouping: Grouping) -> None:
   """Errors that can be raised before any tree is seen."""
   if isinstance(grouping, str) and grouping not in _NAMED:
     raise ValueError(
-        f"Unknown grouping {grouping!r}: use one of {_NAMED}, a pytree of labels shaped like the "
-        "parameters, or a callable (path, leaf) -> label."
+      f"Unknown grouping {grouping!r}: use one of {_NAMED}, a pytree of labels shaped like the "
+      "parameters, or a callable (path, leaf) -> label."
     )
 
 
@@ -80,8 +80,8 @@ def resolve_groups(grouping: Grouping, tree: PyTree) -> Groups:
       index.append(ids.setdefault(label, len(ids)))
     except TypeError as err:
       raise ValueError(
-          f"The grouping gave the unhashable label {label!r} for the leaf "
-          f"{jax.tree_util.keystr(path)}; labels must be hashable (str, int, tuple)."
+        f"The grouping gave the unhashable label {label!r} for the leaf "
+        f"{jax.tree_util.keystr(path)}; labels must be hashable (str, int, tuple)."
       ) from err
   return Groups(tuple(index), len(ids))
 
@@ -93,9 +93,9 @@ def _labels_from_tree(labels: PyTree, tree: PyTree) -> list[Hashable]:
   for path, _ in tree_utils.active_leaves_with_path(tree):
     if path not in label_by_path or label_by_path[path] is None:
       raise ValueError(
-          f"The grouping does not cover the parameter {jax.tree_util.keystr(path)}: give a label "
-          "pytree with one hashable label for every parameter leaf (same structure as the "
-          "parameters), or a callable (path, leaf) -> label such as ol.group_by_module."
+        f"The grouping does not cover the parameter {jax.tree_util.keystr(path)}: give a label "
+        "pytree with one hashable label for every parameter leaf (same structure as the "
+        "parameters), or a callable (path, leaf) -> label such as ol.group_by_module."
       )
     out.append(label_by_path[path])
   active = {p for p, _ in tree_utils.active_leaves_with_path(tree)}
@@ -105,8 +105,8 @@ def _labels_from_tree(labels: PyTree, tree: PyTree) -> list[Hashable]:
   stray = [p for p in extra if p not in all_paths]
   if stray:
     raise ValueError(
-        f"The grouping labels leaves that the parameters do not have: "
-        f"{[jax.tree_util.keystr(p) for p in stray][:5]}. Build the label pytree from the "
-        "parameters (e.g. jax.tree_util.tree_map_with_path over params)."
+      f"The grouping labels leaves that the parameters do not have: "
+      f"{[jax.tree_util.keystr(p) for p in stray][:5]}. Build the label pytree from the "
+      "parameters (e.g. jax.tree_util.tree_map_with_path over params)."
     )
   return out

@@ -30,7 +30,7 @@ class SkipNonFiniteState(NamedTuple):
 # While skip_nonfinite_steps traces its inner update: (the "step is finite" flag, the state
 # leaves that inner transformations already kept on a skipped step, by id).
 _SKIP_CONTEXT: contextvars.ContextVar[tuple[jax.Array, dict[int, Any]] | None] = (
-    contextvars.ContextVar("optax_lena_skip_context", default=None)
+  contextvars.ContextVar("optax_lena_skip_context", default=None)
 )
 
 
@@ -67,20 +67,20 @@ def stats_are_finite(updates: PyTree, grad_stats: stats.GradStats) -> jax.Array:
   gradients). A squared norm past the float32 range counts as non-finite."""
   top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
   bot = tree_utils.select_like(
-      grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
+    grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
   )
   # Summed as |x|, the same total for squared norms (>= 0, or non-finite either way). XLA
   # rewrites a plain sum over a stack of scalars into a chain of scalar adds and then copies
   # that chain into every per-leaf kernel reading the flag: O(leaves^2) code, minutes of
   # compile time and many GB of memory at 1000 leaves. The abs keeps it one reduction.
   total = jnp.sum(jnp.abs(tree_utils.pack_scalars(top))) + jnp.sum(
-      jnp.abs(tree_utils.pack_scalars(bot))
+    jnp.abs(tree_utils.pack_scalars(bot))
   )
   return jnp.isfinite(total)
 
 
 def skip_nonfinite_steps(
-    inner: optax.GradientTransformation,
+  inner: optax.GradientTransformation,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` and discards the step when the gradients are not finite.
 
@@ -108,8 +108,8 @@ def skip_nonfinite_steps(
     if grad_stats is not None:
       if not isinstance(grad_stats, stats.GradStats):
         raise TypeError(
-            f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
-            "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
+          f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
+          "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
         )
       grad_stats = complete_grad_stats(updates, grad_stats)
       finite = stats_are_finite(updates, grad_stats)
@@ -126,11 +126,12 @@ def skip_nonfinite_steps(
     finally:
       _SKIP_CONTEXT.reset(token)
     new_updates = tree_utils.map_active(
-        lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates
+      lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates
     )
     new_inner = jax.tree.map(
-        lambda new, old: new if kept.get(id(new)) is new else jnp.where(finite, new, old),
-        new_inner, state.inner_state,
+      lambda new, old: new if kept.get(id(new)) is new else jnp.where(finite, new, old),
+      new_inner,
+      state.inner_state,
     )
     num_skipped = state.num_skipped + jnp.where(finite, 0, 1).astype(jnp.int32)
     return new_updates, SkipNonFiniteState(new_inner, num_skipped)

@@ -23,17 +23,17 @@ class ScaleBySampleClockState(NamedTuple):
 def check_clock(clock: str) -> None:
   if clock not in CLOCKS:
     raise ValueError(
-        f"Unknown clock {clock!r}: use 'updates' (the schedule sees the update count, the Optax "
-        "convention) or 'samples' (it sees base steps t * S, the paper's convention)."
+      f"Unknown clock {clock!r}: use 'updates' (the schedule sees the update count, the Optax "
+      "convention) or 'samples' (it sees base steps t * S, the paper's convention)."
     )
 
 
 def scale_by_learning_rate(
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    clock: str = "updates",
-    flip_sign: bool = True,
-    num_samples: int | None = None,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  clock: str = "updates",
+  flip_sign: bool = True,
+  num_samples: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Scales updates by ``-learning_rate``, a constant or a schedule on the chosen clock.
 
@@ -55,7 +55,7 @@ def scale_by_learning_rate(
   checks.check_learning_rate(learning_rate)
   if clock == "updates" or not callable(learning_rate):
     return optax.with_extra_args_support(
-        optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)
+      optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)
     )
   sign = -1.0 if flip_sign else 1.0
 
@@ -67,9 +67,7 @@ def scale_by_learning_rate(
     del params, extra_args
     s = num_samples_of(grad_stats, num_samples, "scale_by_learning_rate(clock='samples')")
     step_size = sign * learning_rate(state.base_steps)
-    updates = tree_utils.map_active(
-        lambda u: (jnp.asarray(step_size, u.dtype) * u), updates
-    )
+    updates = tree_utils.map_active(lambda u: jnp.asarray(step_size, u.dtype) * u, updates)
     return updates, ScaleBySampleClockState(state.base_steps + s)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -55,16 +55,16 @@ class GradStats:
     n = self.num_samples
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ValueError(
-          f"GradStats.num_samples must be a positive Python int (the number S of per-worker "
-          f"gradients averaged), got {n!r}. Build statistics with ol.stacked_grad_stats, "
-          "ol.all_reduce_grad_stats or ol.accumulate_grad_stats."
+        f"GradStats.num_samples must be a positive Python int (the number S of per-worker "
+        f"gradients averaged), got {n!r}. Build statistics with ol.stacked_grad_stats, "
+        "ol.all_reduce_grad_stats or ol.accumulate_grad_stats."
       )
 
 
 jax.tree_util.register_dataclass(
-    GradStats,
-    data_fields=["sq_norm_mean", "mean_grad_sq_norm"],
-    meta_fields=["num_samples"],
+  GradStats,
+  data_fields=["sq_norm_mean", "mean_grad_sq_norm"],
+  meta_fields=["num_samples"],
 )
 
 
@@ -76,9 +76,9 @@ def sq_norm(x: jax.Array) -> jax.Array:
 
 
 def stacked_grad_stats(
-    stacked_grads: PyTree,
-    *,
-    stacked_stats: GradStats | None = None,
+  stacked_grads: PyTree,
+  *,
+  stacked_stats: GradStats | None = None,
 ) -> tuple[PyTree, GradStats]:
   """Mean gradient and statistics from per-worker gradients stacked on a leading axis.
 
@@ -99,15 +99,15 @@ def stacked_grad_stats(
   leaves = jax.tree.leaves(stacked_grads)
   if not leaves:
     raise ValueError(
-        "stacked_grad_stats got a pytree without leaves, so the number of workers S is unknown. "
-        "Build GradStats(sq_norm_mean={}, num_samples=S) directly for an empty parameter tree."
+      "stacked_grad_stats got a pytree without leaves, so the number of workers S is unknown. "
+      "Build GradStats(sq_norm_mean={}, num_samples=S) directly for an empty parameter tree."
     )
   sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
   if len(sizes) != 1 or None in sizes:
     raise ValueError(
-        "stacked_grad_stats needs every gradient leaf to have the same leading (worker) axis; "
-        f"got leading sizes {sorted(str(s) for s in sizes)}. Stack the per-worker gradients with "
-        "jax.vmap or jnp.stack on axis 0."
+      "stacked_grad_stats needs every gradient leaf to have the same leading (worker) axis; "
+      f"got leading sizes {sorted(str(s) for s in sizes)}. Stack the per-worker gradients with "
+      "jax.vmap or jnp.stack on axis 0."
     )
   (num_stacked,) = sizes
 
@@ -127,7 +127,7 @@ def stacked_grad_stats(
     # Each stacked entry is a mean over K micro-batches: the mean of the K per-micro-batch
     # squared norms averages again over the stacked axis.
     sq_norm_mean = jax.tree.map(
-        lambda s: jnp.mean(s.astype(jnp.float32), axis=0), stacked_stats.sq_norm_mean
+      lambda s: jnp.mean(s.astype(jnp.float32), axis=0), stacked_stats.sq_norm_mean
     )
     num_samples = num_stacked * stacked_stats.num_samples
   cast = lambda t: jax.tree.map(lambda s: s.astype(jnp.float32), t)
@@ -169,19 +169,19 @@ def _check_not_reduced(local_grads: PyTree, axis_name: AxisName) -> None:
     reduced = [x for x in jax.tree.leaves(local_grads) if name not in varying_axes(x)]
     if reduced:
       raise ValueError(
-          f"all_reduce_grad_stats got gradients that are already reduced over axis {name!r}: "
-          "inside shard_map with check_vma=True, jax.grad with respect to replicated params "
-          "sums the gradients across devices, so the per-worker gradients are lost. "
-          f"Differentiate with respect to jax.lax.pcast(params, {axis_name!r}, to='varying') "
-          "(or use shard_map(..., check_vma=False))."
+        f"all_reduce_grad_stats got gradients that are already reduced over axis {name!r}: "
+        "inside shard_map with check_vma=True, jax.grad with respect to replicated params "
+        "sums the gradients across devices, so the per-worker gradients are lost. "
+        f"Differentiate with respect to jax.lax.pcast(params, {axis_name!r}, to='varying') "
+        "(or use shard_map(..., check_vma=False))."
       )
 
 
 def all_reduce_grad_stats(
-    local_grads: PyTree,
-    axis_name: AxisName,
-    *,
-    local_stats: GradStats | None = None,
+  local_grads: PyTree,
+  axis_name: AxisName,
+  *,
+  local_stats: GradStats | None = None,
 ) -> tuple[PyTree, GradStats]:
   """All-reduces gradients and their statistics inside ``pmap`` or ``shard_map``.
 
@@ -238,11 +238,11 @@ def _mean_sq_norm(summed: jax.Array, mean: jax.Array, num_workers: int) -> jax.A
 
 
 def accumulate_grad_stats(
-    loss_fn: Callable[..., Any],
-    params: PyTree,
-    micro_batches: PyTree,
-    *args: Any,
-    has_aux: bool = False,
+  loss_fn: Callable[..., Any],
+  params: PyTree,
+  micro_batches: PyTree,
+  *args: Any,
+  has_aux: bool = False,
 ) -> tuple[Any, PyTree, GradStats]:
   """Loss, mean gradient and statistics over K sequential micro-batches in one step.
 
@@ -270,8 +270,8 @@ def accumulate_grad_stats(
   sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
   if len(sizes) != 1 or None in sizes:
     raise ValueError(
-        "accumulate_grad_stats needs every micro_batches leaf to have the same leading axis K; "
-        f"got {sorted(str(s) for s in sizes)}. Reshape the batch to [K, micro_batch, ...]."
+      "accumulate_grad_stats needs every micro_batches leaf to have the same leading axis K; "
+      f"got {sorted(str(s) for s in sizes)}. Reshape the batch to [K, micro_batch, ...]."
     )
   (k,) = sizes
   grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
@@ -286,12 +286,13 @@ def accumulate_grad_stats(
 
   acc_dtype = lambda x: jnp.promote_types(jnp.result_type(x), jnp.float32)
   zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x))
-  value_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches),
-                               *args)[0]
+  value_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), *args)[
+    0
+  ]
   init = (
-      jax.tree.map(zeros, params),
-      jnp.zeros((len(jax.tree.leaves(params)),), jnp.float32),
-      jax.tree.map(zeros, value_shape),
+    jax.tree.map(zeros, params),
+    jnp.zeros((len(jax.tree.leaves(params)),), jnp.float32),
+    jax.tree.map(zeros, value_shape),
   )
   # Under shard_map(check_vma=True) the body's outputs vary across devices while the zeros do
   # not; scan needs the carry's types to match, so give the zeros the body's varying axes.

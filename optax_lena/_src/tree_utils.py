@@ -39,9 +39,9 @@ def is_masked(x: Any) -> bool:
 def check_same_structure(tree: PyTree, reference: PyTree, what: str) -> None:
   if jax.tree.structure(tree) != jax.tree.structure(reference):
     raise ValueError(
-        f"The tree structure of {what} does not match the gradients: "
-        f"{jax.tree.structure(tree)} vs {jax.tree.structure(reference)}. Compute the statistics "
-        "from the same gradient pytree the optimizer receives."
+      f"The tree structure of {what} does not match the gradients: "
+      f"{jax.tree.structure(tree)} vs {jax.tree.structure(reference)}. Compute the statistics "
+      "from the same gradient pytree the optimizer receives."
     )
 
 
@@ -78,11 +78,11 @@ def select_like(stats_tree: PyTree, updates: PyTree, what: str) -> list[Any]:
   s_paths = [p for p, _ in s_flat]
   if u_paths != s_paths:
     raise ValueError(
-        f"The tree structure of {what} does not match the gradients: statistics have leaves "
-        f"{[jax.tree_util.keystr(p) for p in s_paths][:8]}..., gradients have "
-        f"{[jax.tree_util.keystr(p) for p in u_paths][:8]}... Compute the statistics (with "
-        "ol.stacked_grad_stats / ol.all_reduce_grad_stats) from the same gradient pytree that "
-        "the optimizer receives."
+      f"The tree structure of {what} does not match the gradients: statistics have leaves "
+      f"{[jax.tree_util.keystr(p) for p in s_paths][:8]}..., gradients have "
+      f"{[jax.tree_util.keystr(p) for p in u_paths][:8]}... Compute the statistics (with "
+      "ol.stacked_grad_stats / ol.all_reduce_grad_stats) from the same gradient pytree that "
+      "the optimizer receives."
     )
   selected = [s for (_, u), (_, s) in zip(u_flat, s_flat, strict=True) if not is_masked(u)]
   if any(is_masked(s) for s in selected):

@@ -38,13 +38,13 @@ class LayerwiseWarmupState(NamedTuple):
 
 
 def layerwise_warmup(
-    warmup_threshold: float,
-    *,
-    rule: str | gain_ratio.GainRatioRule = "lena",
-    beta: float | None = None,
-    eps: float | None = None,
-    grouping: grouping_lib.Grouping = None,
-    num_samples: int | None = None,
+  warmup_threshold: float,
+  *,
+  rule: str | gain_ratio.GainRatioRule = "lena",
+  beta: float | None = None,
+  eps: float | None = None,
+  grouping: grouping_lib.Grouping = None,
+  num_samples: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA's layer-wise state-aware warm-up (Eqs. 6-7, Algorithm 1 lines 17-21).
 
@@ -76,17 +76,17 @@ def layerwise_warmup(
   """
   checks.check_warmup_threshold(warmup_threshold)
   rule = gain_ratio.rule_from_name(
-      rule, beta=beta, eps=eps, grouping=grouping, num_samples=num_samples
+    rule, beta=beta, eps=eps, grouping=grouping, num_samples=num_samples
   )
 
   def init_fn(params):
     ratio_state = gain_ratio.init_gain_ratio_state(params)
     n = ratio_state.ratio.shape[0]
     return LayerwiseWarmupState(
-        ratio_state=ratio_state,
-        progress=jnp.zeros((n,), jnp.float32),
-        factor=jnp.zeros((n,), jnp.float32),
-        end_step=jnp.full((n,), -1, jnp.int32),
+      ratio_state=ratio_state,
+      progress=jnp.zeros((n,), jnp.float32),
+      factor=jnp.zeros((n,), jnp.float32),
+      end_step=jnp.full((n,), -1, jnp.int32),
     )
 
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
@@ -116,9 +116,9 @@ def num_samples_of(grad_stats: stats.GradStats | None, num_samples: int | None, 
   if grad_stats is None:
     if num_samples is None:
       raise ValueError(
-          f"{who} counts base steps t * S and needs S: pass grad_stats=stats (from "
-          "ol.stacked_grad_stats / ol.all_reduce_grad_stats) to update, or build it with "
-          "num_samples=S."
+        f"{who} counts base steps t * S and needs S: pass grad_stats=stats (from "
+        "ol.stacked_grad_stats / ol.all_reduce_grad_stats) to update, or build it with "
+        "num_samples=S."
       )
     return num_samples
   checks.check_grad_stats(grad_stats, num_samples)
@@ -126,7 +126,7 @@ def num_samples_of(grad_stats: stats.GradStats | None, num_samples: int | None, 
 
 
 def fixed_warmup(
-    warmup_steps: float, *, num_samples: int | None = None
+  warmup_steps: float, *, num_samples: int | None = None
 ) -> optax.GradientTransformationExtraArgs:
   """The fixed linear warm-up of LSW, counted in base steps.
 
@@ -156,7 +156,7 @@ def fixed_warmup(
     base_steps = state.base_steps + s
     safe_w = jnp.maximum(jnp.asarray(warmup_steps, jnp.float32), 1e-30)
     factor = jnp.where(
-        jnp.asarray(warmup_steps) > 0, jnp.minimum(base_steps / safe_w, 1.0), 1.0
+      jnp.asarray(warmup_steps) > 0, jnp.minimum(base_steps / safe_w, 1.0), 1.0
     ).astype(jnp.float32)
     updates = tree_utils.map_active(lambda u: (u * factor).astype(u.dtype), updates)
     return updates, FixedWarmupState(base_steps, factor)
