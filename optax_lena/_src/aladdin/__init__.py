@@ -1,0 +1,1 @@
+"""ALADDIN internals (asymmetric centralized training, Ko et al., CIKM 2021)."""

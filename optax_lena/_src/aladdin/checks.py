@@ -1,0 +1,122 @@
+"""Argument checks of the ALADDIN servers: every misuse raises an error that names the fix."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import jax
+import numpy as np
+
+PyTree = Any
+
+NORMALISE_OPTIONS = ("sum", "mean", "mean_of_locals")
+ALPHA_OPTIONS = ("count", "n_pi")
+
+
+def check_num_workers(num_workers: Any) -> int:
+  if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer):
+    raise TypeError(
+      f"num_workers must be a positive int (the number n of workers that send gradients), got "
+      f"{num_workers!r}."
+    )
+  if num_workers < 1:
+    raise ValueError(
+      f"num_workers must be >= 1 (the number n of workers that send gradients), got {num_workers}."
+    )
+  return int(num_workers)
+
+
+def check_period(period: Any) -> int:
+  if isinstance(period, bool) or not isinstance(period, int | np.integer):
+    raise TypeError(
+      f"period must be a positive int (pi: the server replies to a worker once every pi of its "
+      f"gradients; the paper uses 4), got {period!r}."
+    )
+  if period < 1:
+    raise ValueError(
+      f"period must be >= 1 (pi: the server replies to a worker once every pi of its gradients; "
+      f"the paper uses 4, period=1 replies to every message), got {period}."
+    )
+  return int(period)
+
+
+def check_normalise(normalise: Any) -> str:
+  if normalise not in NORMALISE_OPTIONS:
+    raise ValueError(
+      f"normalise must be one of {NORMALISE_OPTIONS}, got {normalise!r}: 'sum' applies the "
+      "accumulated gradients as they are, 'mean' divides them by their count, 'mean_of_locals' "
+      "(the default) divides them by the number of workers."
+    )
+  return normalise
+
+
+def check_alpha(alpha: Any) -> str | float:
+  if isinstance(alpha, str):
+    if alpha not in ALPHA_OPTIONS:
+      raise ValueError(
+        f"alpha must be 'count' (1 - 1/sqrt(c~), Algorithm 2), 'n_pi' (1 - 1/sqrt(n * period), "
+        f"Section 3.2) or a float in [0, 1], got {alpha!r}."
+      )
+    return alpha
+  if isinstance(alpha, bool) or alpha is None:
+    raise TypeError(f"alpha must be 'count', 'n_pi' or a float in [0, 1], got {alpha!r}.")
+  try:
+    value = float(alpha)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"alpha must be 'count', 'n_pi' or a float in [0, 1], got {alpha!r}.") from e
+  if not 0.0 <= value <= 1.0:
+    raise ValueError(
+      f"alpha must be in [0, 1] (0: the worker keeps its own model, 1: it adopts the global "
+      f"model), got {value}. Use 'count' or 'n_pi' for the paper's rules."
+    )
+  return value
+
+
+def check_worker(worker: Any, num_workers: int) -> None:
+  """A concrete worker index must be an int in [0, num_workers); traced ones are guarded later."""
+  if isinstance(worker, jax.core.Tracer):
+    if not np.issubdtype(worker.dtype, np.integer) or worker.shape != ():
+      raise TypeError(
+        f"worker must be an integer scalar (e.g. jnp.int32), got a traced {worker.dtype} array "
+        f"of shape {worker.shape}."
+      )
+    return
+  try:
+    value = operator.index(worker)
+  except TypeError:
+    arr = np.asarray(worker)
+    if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
+      raise TypeError(
+        f"worker must be an integer scalar in [0, {num_workers}), got {worker!r}."
+      ) from None
+    value = int(arr)
+  if not 0 <= value < num_workers:
+    raise IndexError(
+      f"Unknown worker index {value}: this server was built for num_workers={num_workers}, so "
+      f"worker must be in [0, {num_workers}). Build the server with the right num_workers."
+    )
+
+
+def check_like_params(tree: PyTree, params: PyTree, what: str, fix: str) -> None:
+  """``tree`` has the structure, shapes and dtypes of ``params`` (trace-time check)."""
+  t_struct, p_struct = jax.tree.structure(tree), jax.tree.structure(params)
+  if t_struct != p_struct:
+    raise ValueError(
+      f"The tree structure of {what} does not match the server's parameters: {t_struct} vs "
+      f"{p_struct}. {fix}"
+    )
+  paths = jax.tree_util.tree_flatten_with_path(params)[0]
+  for (path, p), t in zip(paths, jax.tree.leaves(tree), strict=True):
+    name = jax.tree_util.keystr(path) or "<root>"
+    if np.shape(t) != np.shape(p):
+      raise ValueError(
+        f"{what} leaf {name} has shape {np.shape(t)} but the server's parameter has shape "
+        f"{np.shape(p)}. {fix}"
+      )
+    if jax.numpy.result_type(t) != jax.numpy.result_type(p):
+      raise ValueError(
+        f"{what} leaf {name} has dtype {jax.numpy.result_type(t)} but the server's parameter "
+        f"has dtype {jax.numpy.result_type(p)}. Cast it, e.g. jax.tree.map(lambda g, p: "
+        f"g.astype(p.dtype), grads, params), or build the server with params of that dtype."
+      )

@@ -1,0 +1,27 @@
+"""ALADDIN: asymmetric centralized training for distributed deep learning (CIKM 2021).
+
+``from optax_lena import aladdin as al``. Workers push a gradient every iteration and never
+wait; a parameter server accumulates the gradients and, once every ``period`` messages of a
+worker, makes a lazy global update and replies with the global model, which the worker mixes into
+its own (Eq. 3). Pure, jittable building blocks: the server (:func:`parameter_server`, Algorithm
+2), the worker's step and merge (:func:`local_step`, :func:`worker_merge`, Algorithm 1),
+memory-wise parameter sharding (:func:`shard_params`) and the paper's baselines.
+"""
+
+from optax_lena._src.aladdin.server import (
+  ParameterServer,
+  Reply,
+  ServerState,
+  parameter_server,
+)
+from optax_lena._src.aladdin.worker import local_optimizer, local_step, worker_merge
+
+__all__ = [
+  "ParameterServer",
+  "Reply",
+  "ServerState",
+  "local_optimizer",
+  "local_step",
+  "parameter_server",
+  "worker_merge",
+]
