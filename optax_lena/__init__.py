@@ -7,7 +7,7 @@ scaling with warm-up, with the per-worker gradient statistics they need computed
 """
 
 from optax_lena._src.alias import adascale, large_batch_sgd, lena, linear_scaling
-from optax_lena._src.diagnostics import diagnostics, noise_scale, per_layer_tree
+from optax_lena._src.diagnostics import diagnostics, flat_diagnostics, noise_scale, per_layer_tree
 from optax_lena._src.gain_ratio import (
   GainRatioRule,
   GainRatioState,
@@ -51,6 +51,7 @@ __all__ = [
   "all_reduce_grad_stats",
   "diagnostics",
   "fixed_warmup",
+  "flat_diagnostics",
   "group_by_module",
   "large_batch_sgd",
   "layerwise_warmup",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from optax_lena._src import gain_ratio, nonfinite, tree_utils, warmup
 
@@ -70,10 +73,16 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
     A dict with, per layer (leaf): ``gain_ratio`` (r_k of the last update), ``warmup_progress``
     (P_k, 0 without a state-aware warm-up), ``warmup_factor``, ``lr_multiplier``
     (``r_k * warmup_factor_k``: the layer's rate is this times ``eta0 * schedule``),
-    ``warmup_end_step`` (1-based update at which the layer's warm-up ended, -1 if not yet or
-    without state-aware warm-up) and ``noise_scale`` (B_simple in per-worker batches); and the
-    scalars ``global_ratio`` (AdaScale's R), ``global_noise_scale``, ``num_samples`` (S of the
-    last update), ``num_updates`` and ``num_skipped_steps``.
+    ``warmup_end_step`` (int32, the 1-based update at which the layer's warm-up ended; the
+    sentinel ``-1`` means "not ended yet", and is also reported without a state-aware warm-up,
+    where no layer has a warm-up of its own to end) and ``noise_scale`` (B_simple in per-worker
+    batches, ``inf`` when noise dominates the estimate and NaN for S < 2, see
+    :func:`noise_scale`); and the scalars ``global_ratio`` (AdaScale's R),
+    ``global_noise_scale``, ``num_samples`` (S of the last update), ``num_updates`` and
+    ``num_skipped_steps``. Per-layer entries are vectors in ``jax.tree.leaves`` order, or trees
+    shaped like ``params`` when it is given (Flax NNX ``Variable`` wrappers such as ``Param``
+    are removed, so the trees hold plain arrays). For logging use :func:`flat_diagnostics`,
+    whose values are finite Python floats keyed by parameter path.
   """
   found = _find_states(opt_state)
   ratio_states = found[gain_ratio.GainRatioState]
@@ -119,7 +128,12 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
 
 
 def per_layer_tree(vector: jax.Array, params: PyTree) -> PyTree:
-  """A per-layer vector as a tree shaped like ``params`` (masked entries kept masked)."""
+  """A per-layer vector as a tree shaped like ``params`` (masked entries kept masked).
+
+  Flax NNX ``Variable`` wrappers (e.g. the ``Param`` leaves of ``nnx.state(model, nnx.Param)``)
+  are replaced by the plain per-layer value, so the result is a named tree of arrays.
+  """
+  params = unwrap_variables(params)
   n = len(tree_utils.active_leaves_with_path(params))
   if vector.shape[0] != n:
     raise ValueError(
@@ -127,3 +141,101 @@ def per_layer_tree(vector: jax.Array, params: PyTree) -> PyTree:
       "parameter tree the optimizer was initialised with."
     )
   return tree_utils.map_active_indexed(lambda k, _: vector[k], params)
+
+
+def unwrap_variables(tree: PyTree) -> PyTree:
+  """``tree`` with every Flax NNX ``Variable`` replaced by its value (no-op without flax).
+
+  Reads ``flax.nnx`` only when the caller has already imported it: ``optax_lena`` itself never
+  imports flax.
+  """
+  nnx = sys.modules.get("flax.nnx")
+  variable = getattr(nnx, "Variable", None)
+  if variable is None:
+    return tree
+
+  def is_variable(x: Any) -> bool:
+    return isinstance(x, variable)
+
+  def value(x: Any) -> Any:
+    if not is_variable(x):
+      return x
+    get_value = getattr(x, "get_value", None)
+    return get_value() if callable(get_value) else x.value
+
+  return jax.tree.map(value, tree, is_leaf=is_variable)
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+  return "/".join(tree_utils.path_to_strings(path))
+
+
+def flat_diagnostics(
+  opt_state: PyTree, params: PyTree | None = None, prefix: str = ""
+) -> dict[str, float]:
+  """:func:`diagnostics` as a flat ``{name: float}`` dict for metric writers (not jittable).
+
+  Ready for TensorBoard, Weights & Biases or CLU writers (``writer.write_scalars(step, d)``,
+  ``wandb.log(d)``) and for ``json.dumps(d, allow_nan=False)``: every value is a finite Python
+  float. Call it outside ``jit`` (it reads the state once with ``jax.device_get``), e.g. every
+  N steps.
+
+  Keys are ``f"{prefix}{metric}"`` for the scalars (``global_ratio``, ``global_noise_scale``,
+  ``num_samples``, ``num_updates``, ``num_skipped_steps``, ``num_layers``,
+  ``num_layers_warmed_up``) and ``f"{prefix}{metric}/{layer}"`` for the per-layer metrics of
+  :func:`diagnostics` (``gain_ratio``, ``warmup_progress``, ``warmup_factor``,
+  ``lr_multiplier``, ``warmup_end_step``, ``noise_scale``), where ``layer`` is the parameter's
+  path joined by ``/`` (e.g. ``gain_ratio/Dense_0/kernel``) when ``params`` is given, else the
+  leaf's index in ``jax.tree.leaves`` order (``gain_ratio/3``). Metric-first keys put each
+  metric's layers on one TensorBoard / W&B panel.
+
+  Values that have no finite meaning are left out rather than encoded:
+
+  * ``warmup_end_step/<layer>`` is present only once that layer's warm-up has ended (its value
+    is the 1-based update at which it reached full rate); absent means "still warming up" (or no
+    state-aware warm-up). ``num_layers_warmed_up`` counts the layers whose key is present.
+  * ``noise_scale/<layer>`` and ``global_noise_scale`` are absent when the estimate is not
+    finite: S < 2 (the noise cannot be estimated) or a signal estimate <= 0 (noise dominates,
+    B_simple is infinite). Log ``gain_ratio`` for a value that always exists.
+
+  Args:
+    opt_state: the state of an optax_lena optimizer (as for :func:`diagnostics`).
+    params: optional parameters the optimizer was initialised with (or any tree shaped like
+      them, Flax NNX ``nnx.State`` included) to name the layers by path.
+    prefix: prepended to every key, e.g. ``"lena/"``.
+
+  Returns:
+    A ``dict[str, float]`` of finite values.
+  """
+  diag = jax.device_get(diagnostics(opt_state))
+  n = int(np.shape(diag["gain_ratio"])[0])
+  if params is None:
+    names = [str(k) for k in range(n)]
+  else:
+    leaves = tree_utils.active_leaves_with_path(unwrap_variables(params))
+    if len(leaves) != n:
+      raise ValueError(
+        f"The optimizer state has {n} layers but params has {len(leaves)} leaves: pass the "
+        "parameter tree the optimizer was initialised with."
+      )
+    names = [_path_name(path) for path, _ in leaves]
+  out: dict[str, float] = {}
+
+  def put(key: str, value: Any) -> None:
+    value = float(value)
+    if math.isfinite(value):
+      out[prefix + key] = value
+
+  for key in ("global_ratio", "global_noise_scale", "num_samples", "num_updates"):
+    put(key, diag[key])
+  put("num_skipped_steps", diag["num_skipped_steps"])
+  end_step = np.asarray(diag["warmup_end_step"])
+  put("num_layers", n)
+  put("num_layers_warmed_up", int(np.sum(end_step > 0)))
+  for key in PER_LAYER:
+    values = np.asarray(diag[key])
+    for name, value in zip(names, values.tolist(), strict=True):
+      if key == "warmup_end_step" and value <= 0:
+        continue
+      put(f"{key}/{name}", value)
+  return out

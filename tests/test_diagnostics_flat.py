@@ -1,0 +1,143 @@
+"""ol.flat_diagnostics: finite floats keyed by parameter path, ready for metric writers."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optax_lena as ol
+
+S = 4
+# Layer "signal": every worker has the same gradient (ratio 1). Layer "noise": the workers'
+# gradients cancel (mean 0: ratio S, noise-dominated, infinite noise scale).
+PARAMS = {"dense": {"signal": jnp.zeros((3,)), "noise": jnp.zeros((2,))}}
+
+
+def stacked_grads(step: int) -> dict:
+  sign = np.array([1.0, -1.0, 1.0, -1.0])[:, None]
+  return {
+    "dense": {
+      "signal": jnp.asarray(np.full((S, 3), 1.0 + step), jnp.float32),
+      "noise": jnp.asarray(sign * np.array([[2.0, 1.0]]), jnp.float32),
+    }
+  }
+
+
+def run(tx, steps: int):
+  state = tx.init(PARAMS)
+  params = PARAMS
+  for t in range(steps):
+    grads, stats = ol.stacked_grad_stats(stacked_grads(t))
+    updates, state = tx.update(grads, state, params, grad_stats=stats)
+    params = jax.tree.map(jnp.add, params, updates)
+  return state
+
+
+def test_keys_are_paths_values_are_finite_floats_and_match_diagnostics():
+  state = run(ol.lena(0.1, warmup_threshold=6.0, eps=0.0), 3)
+  flat = ol.flat_diagnostics(state, PARAMS)
+  json.dumps(flat, allow_nan=False)  # raises on inf/NaN
+  assert all(type(v) is float for v in flat.values())
+  # jax.tree.leaves order of PARAMS: dense/noise, dense/signal.
+  assert flat["gain_ratio/dense/noise"] == float(S)
+  assert flat["gain_ratio/dense/signal"] == 1.0
+  diag = ol.diagnostics(state)
+  for key in ("gain_ratio", "warmup_progress", "warmup_factor", "lr_multiplier"):
+    np.testing.assert_array_equal(
+      [flat[f"{key}/dense/noise"], flat[f"{key}/dense/signal"]], np.asarray(diag[key])
+    )
+  assert flat["num_updates"] == 3.0 and flat["num_samples"] == float(S)
+  assert flat["num_layers"] == 2.0 and flat["num_skipped_steps"] == 0.0
+  # Without params the layers are named by their index in jax.tree.leaves order.
+  unnamed = ol.flat_diagnostics(state, prefix="opt/")
+  assert unnamed["opt/gain_ratio/0"] == float(S) and unnamed["opt/gain_ratio/1"] == 1.0
+  assert set(unnamed) == {
+    "opt/" + k.replace("dense/noise", "0").replace("dense/signal", "1") for k in flat
+  }
+
+
+def test_warmup_end_step_present_only_once_the_layer_has_ended():
+  # theta = 6: the noisy layer advances by S = 4 per update and reaches full rate at update 2;
+  # the signal layer advances by 1 and reaches it at update 6.
+  tx = ol.lena(0.1, warmup_threshold=6.0, eps=0.0)
+  expected = {1: {}, 2: {"noise": 2.0}, 5: {"noise": 2.0}, 6: {"noise": 2.0, "signal": 6.0}}
+  for steps, ended in expected.items():
+    flat = ol.flat_diagnostics(run(tx, steps), PARAMS)
+    got = {k.split("/")[-1]: v for k, v in flat.items() if k.startswith("warmup_end_step/")}
+    assert got == ended, steps
+    assert flat["num_layers_warmed_up"] == float(len(ended))
+    np.testing.assert_allclose(
+      flat["warmup_progress/dense/signal"], float(steps), rtol=1e-6
+    )  # P_k = sum of ratios = steps x 1
+    np.testing.assert_allclose(flat["warmup_progress/dense/noise"], 4.0 * steps, rtol=1e-6)
+  # ol.diagnostics keeps the documented int32 sentinel -1 for "not ended".
+  assert np.asarray(ol.diagnostics(run(tx, 1))["warmup_end_step"]).tolist() == [-1, -1]
+
+
+def test_non_finite_noise_scales_are_left_out_and_finite_ones_match_float64():
+  state = run(ol.lena(0.1), 4)
+  flat = ol.flat_diagnostics(state, PARAMS)
+  assert "noise_scale/dense/noise" not in flat  # signal estimate <= 0: infinite
+  assert np.isinf(np.asarray(ol.diagnostics(state)["noise_scale"])[0])
+  # Signal layer: top = bot (identical workers) -> B_simple = 0 exactly.
+  assert flat["noise_scale/dense/signal"] == 0.0
+  # Global noise scale from the float64 moving averages: S (A - D) / (S D - A).
+  beta = S / 1000.0
+  a = d = 0.0
+  for t in range(4):
+    top = 3 * (1.0 + t) ** 2 + 5.0
+    bot = 3 * (1.0 + t) ** 2
+    a, d = beta * top + (1 - beta) * a, beta * bot + (1 - beta) * d
+  np.testing.assert_allclose(flat["global_noise_scale"], S * (a - d) / (S * d - a), rtol=1e-5)
+  json.dumps(flat, allow_nan=False)
+
+
+def test_single_worker_has_no_noise_scale_keys():
+  tx = ol.lena(0.1)
+  state = tx.init(PARAMS)
+  grads, stats = ol.stacked_grad_stats(jax.tree.map(lambda g: g[:1], stacked_grads(0)))
+  _, state = tx.update(grads, state, PARAMS, grad_stats=stats)
+  flat = ol.flat_diagnostics(state, PARAMS)
+  assert not [k for k in flat if "noise_scale" in k]
+  json.dumps(flat, allow_nan=False)
+
+
+def test_other_parameter_tree_raises_with_the_fix():
+  state = ol.lena(0.1).init(PARAMS)
+  with pytest.raises(ValueError, match="pass the parameter tree the optimizer was initialised"):
+    ol.flat_diagnostics(state, {"w": jnp.ones(2)})
+
+
+def test_nnx_state_gives_named_plain_trees():
+  nnx = pytest.importorskip("flax.nnx")
+
+  class Model(nnx.Module):
+    def __init__(self, rngs):
+      self.hidden = nnx.Linear(2, 3, rngs=rngs)
+      self.out = nnx.Linear(3, 1, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(jax.nn.tanh(self.hidden(x)))
+
+  model = Model(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, ol.lena(0.1, warmup_threshold=5.0), wrt=nnx.Param)
+  graphdef, params = nnx.split(model, nnx.Param)
+  loss = lambda p, x: jnp.mean(nnx.merge(graphdef, p)(x) ** 2)
+  x = jax.random.normal(jax.random.key(0), (S, 5, 2))
+  grads, stats = ol.stacked_grad_stats(jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, x))
+  optimizer.update(model, grads, grad_stats=stats)
+  param_state = nnx.state(model, nnx.Param)
+  diag = ol.diagnostics(optimizer.opt_state, param_state)
+  leaves = jax.tree.leaves(diag["gain_ratio"], is_leaf=lambda v: isinstance(v, nnx.Variable))
+  assert leaves and not any(isinstance(v, nnx.Variable) for v in leaves)
+  assert set(diag["gain_ratio"]["hidden"]) == {"kernel", "bias"}
+  flat = ol.flat_diagnostics(optimizer.opt_state, param_state)
+  assert {k for k in flat if k.startswith("gain_ratio/")} == {
+    "gain_ratio/hidden/bias",
+    "gain_ratio/hidden/kernel",
+    "gain_ratio/out/bias",
+    "gain_ratio/out/kernel",
+  }
+  json.dumps(flat, allow_nan=False)
