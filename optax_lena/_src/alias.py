@@ -78,6 +78,8 @@ def _momentum(decay: float, nesterov: bool) -> optax.GradientTransformation:
   base = optax.trace(decay=decay)
 
   def update_fn(updates, state, params=None):
+    # Also without params: the buffer has the parameters' shapes (stacked [S, ...] gradients).
+    checks.check_updates_like(updates, state.trace, "momentum buffer (shaped like the parameter)")
     _, new_state = base.update(updates, state, params)
     trace = nonfinite.keep_state_on_skipped_step(new_state.trace, state.trace)
     updates = jax.tree.map(lambda g, t: g + decay * t, updates, trace) if nesterov else trace

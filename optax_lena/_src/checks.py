@@ -6,10 +6,17 @@ so value checks run only on concrete values; structural checks always run at tra
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import jax
 import numpy as np
+
+_INJECT_FIX = (
+  "optax.inject_hyperparams turns every number it is given into an array; pass "
+  "static_args=({name!r},) to keep {name} a Python value, e.g. "
+  "optax.inject_hyperparams(ol.lena, static_args=({name!r},))(...)."
+)
 
 
 def _require(x: Any, name: str, what: str) -> None:
@@ -27,14 +34,35 @@ def concrete_value(x: Any) -> float | None:
     return None
 
 
+def is_array(x: Any) -> bool:
+  """A JAX/NumPy array or a tracer (what ``optax.inject_hyperparams`` passes), not a number."""
+  return isinstance(x, (jax.Array, np.ndarray, jax.core.Tracer))
+
+
 def check_learning_rate(learning_rate: Any) -> None:
+  """A static rate must be a finite positive number; an array rate a finite number >= 0.
+
+  Arrays are what ``optax.inject_hyperparams`` passes: the value of a schedule at the current
+  step (e.g. ``optax.linear_schedule(0.0, 1.0, 100)`` is 0 at step 0) or a rate the user sets
+  in ``state.hyperparams``, so 0 is a valid value there.
+  """
   _require(learning_rate, "learning_rate", "a positive float or an Optax schedule")
   value = concrete_value(learning_rate)
-  if value is not None and not value > 0:
+  if value is None:
+    return
+  if is_array(learning_rate):
+    if not (np.isfinite(value) and value >= 0):
+      raise ValueError(
+        f"learning_rate must be positive (or 0 for an injected value), got {value}. With "
+        "optax.inject_hyperparams this is the value of the schedule or of "
+        "state.hyperparams['learning_rate']: use a schedule whose values are finite and >= 0."
+      )
+  elif not value > 0 or not np.isfinite(value):
     raise ValueError(
       f"learning_rate must be positive, got {value}. It is the base rate eta0 of one worker at "
       "the per-worker batch size; to freeze parameters use optax.set_to_zero() with "
-      "optax.multi_transform instead of a zero rate."
+      "optax.multi_transform instead of a zero rate (a schedule may start at 0, e.g. "
+      "optax.linear_schedule(0.0, eta0, steps))."
     )
 
 
@@ -86,9 +114,42 @@ def check_num_samples(num_samples: Any) -> None:
   if num_samples is None:
     return
   if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+    hint = " " + _INJECT_FIX.format(name="num_samples") if is_array(num_samples) else ""
     raise ValueError(
       f"num_samples must be a positive int (S, the number of per-worker gradients averaged "
-      f"per update) or None, got {num_samples!r}."
+      f"per update; static, because it bounds the ratio) or None, got {num_samples!r}.{hint}"
+    )
+
+
+def check_updates_like(updates: Any, reference: Any, what: str) -> None:
+  """Every active gradient leaf has the shape of the matching ``reference`` leaf (trace time).
+
+  Catches per-worker gradients ``[S, ...]`` passed as ``grads``: Optax would otherwise
+  broadcast them into parameters of shape ``[S, ...]``.
+  """
+  from optax_lena._src import tree_utils
+
+  if reference is None:
+    return
+  u_leaves = tree_utils.active_leaves_with_path(updates)
+  r_leaves = tree_utils.active_leaves_with_path(reference)
+  if len(u_leaves) != len(r_leaves):
+    return  # a structural mismatch, reported by the structure checks with their own fix
+  for (path, u), (_, r) in zip(u_leaves, r_leaves, strict=True):
+    u_shape, r_shape = tuple(np.shape(u)), tuple(np.shape(r))
+    if u_shape == r_shape:
+      continue
+    name = jax.tree_util.keystr(path)
+    if len(u_shape) == len(r_shape) + 1 and u_shape[1:] == r_shape:
+      fix = (
+        f"It looks like per-worker gradients stacked on a leading axis of size S={u_shape[0]}: "
+        "reduce them first, grads, stats = ol.stacked_grad_stats(stacked_grads), and call "
+        "tx.update(grads, state, params, grad_stats=stats) with the mean grads."
+      )
+    else:
+      fix = "Pass gradients shaped like the parameters the optimizer was initialised with."
+    raise ValueError(
+      f"The gradient leaf {name} has shape {u_shape} but the {what} has shape {r_shape}. {fix}"
     )
 
 
@@ -98,10 +159,14 @@ def check_grad_stats(grad_stats: Any, expected_num_samples: int | None) -> None:
 
   if grad_stats is None:
     raise ValueError(
-      "This optax_lena transformation needs the per-worker gradient statistics: call "
+      _called_from_flax_train_state()
+      + "This optax_lena transformation needs the per-worker gradient statistics: call "
       "tx.update(grads, state, params, grad_stats=stats) with (grads, stats) from "
       "ol.stacked_grad_stats(stacked_grads), ol.all_reduce_grad_stats(local_grads, axis_name) "
-      "inside pmap/shard_map, or ol.accumulate_grad_stats(loss_fn, params, micro_batches)."
+      "inside pmap/shard_map, or ol.accumulate_grad_stats(loss_fn, params, micro_batches). "
+      "With Flax use optax_lena.flax.TrainState, whose apply_gradients(grads=grads, "
+      "grad_stats=stats) passes them on (flax.training.train_state.TrainState does not), or "
+      "nnx.Optimizer(...).update(model, grads, grad_stats=stats)."
     )
   if not isinstance(grad_stats, GradStats):
     raise TypeError(
@@ -114,3 +179,28 @@ def check_grad_stats(grad_stats: Any, expected_num_samples: int | None) -> None:
       f"transformation was built with num_samples={expected_num_samples}. Check the number of "
       "devices x micro-batches, or build the optimizer with the right num_samples (or None)."
     )
+
+
+def _called_from_flax_train_state() -> str:
+  """A first sentence for the missing-statistics error when Flax's own TrainState called us.
+
+  ``flax.training.train_state.TrainState.apply_gradients(grads=g, grad_stats=s)`` hands
+  ``grad_stats`` to ``.replace()`` (it becomes an unknown field) and calls ``tx.update``
+  without it, so the user did pass statistics: say where they went.
+  """
+  frame = inspect.currentframe()
+  try:
+    while frame is not None:
+      code = frame.f_code
+      if code.co_name == "apply_gradients" and frame.f_globals.get("__name__", "").startswith(
+        "flax."
+      ):
+        return (
+          "flax.training.train_state.TrainState.apply_gradients does not pass grad_stats to "
+          "the optimizer: use optax_lena.flax.TrainState (a drop-in replacement, same fields "
+          "and create()) and call state.apply_gradients(grads=grads, grad_stats=stats). "
+        )
+      frame = frame.f_back
+    return ""
+  finally:
+    del frame

@@ -239,7 +239,8 @@ def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtr
     return init_gain_ratio_state(params)
 
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
-    del params, extra_args
+    del extra_args
+    checks.check_updates_like(updates, params, "parameter")
     new_state = advance_gain_ratio(state, rule, updates, grad_stats)
     return scale_active_leaves(updates, new_state.ratio), new_state
 

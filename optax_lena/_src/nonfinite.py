@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optax_lena._src import stats, tree_utils
+from optax_lena._src import checks, stats, tree_utils
 
 PyTree = Any
 
@@ -105,6 +105,7 @@ def skip_nonfinite_steps(
     return SkipNonFiniteState(inner.init(params), jnp.zeros([], jnp.int32))
 
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
+    checks.check_updates_like(updates, params, "parameter")
     if grad_stats is not None:
       if not isinstance(grad_stats, stats.GradStats):
         raise TypeError(

@@ -43,7 +43,9 @@ def scale_by_learning_rate(
   on samples seen, so the same schedule serves every batch size.
 
   Args:
-    learning_rate: eta0, a positive float or an Optax schedule.
+    learning_rate: eta0, a positive float or an Optax schedule (an array, as passed by
+      ``optax.inject_hyperparams``, may also be 0; on the ``"samples"`` clock an array is
+      rejected, because an injected schedule runs on the update count).
     clock: ``"updates"`` or ``"samples"``.
     flip_sign: multiply by ``-learning_rate`` (gradient descent), as Optax does.
     num_samples: S when no ``grad_stats`` are passed to update (``"samples"`` clock only).
@@ -53,6 +55,17 @@ def scale_by_learning_rate(
   """
   check_clock(clock)
   checks.check_learning_rate(learning_rate)
+  if clock == "samples" and checks.is_array(learning_rate):
+    raise ValueError(
+      "clock='samples' got the learning rate as an array, which is what "
+      "optax.inject_hyperparams passes: it evaluates a schedule on its own update count, so "
+      "the sample clock would be silently ignored. Either keep the schedule on the sample "
+      "clock and out of the injected values, optax.inject_hyperparams(ol.lena, "
+      "static_args=('learning_rate',))(learning_rate=schedule, clock='samples'), or inject it "
+      "on base steps yourself with clock='updates': learning_rate=lambda count: "
+      "schedule(count * S) (the same trajectory while S is fixed). A constant rate needs no "
+      "clock: pass clock='updates'."
+    )
   if clock == "updates" or not callable(learning_rate):
     return optax.with_extra_args_support(
       optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)
