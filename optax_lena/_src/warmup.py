@@ -3,6 +3,9 @@
 Both count *single-worker iterations* ("base steps"), so that a warm-up length tuned for the
 base batch carries over to any S. Both advance their progress first and then scale, so no update
 has rate 0 (docs/LENA.md, Step 5 and the LSW baseline).
+
+The state-aware warm-up has the paper's progress rule by default and two variants
+(``progress=``) whose length does not grow with S / r; see :func:`layerwise_warmup`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from optax_lena._src import checks, gain_ratio, stats, tree_utils
 from optax_lena._src import grouping as grouping_lib
 
 PyTree = Any
+
+# How a layer's progress P_k advances per update (see layerwise_warmup).
+PROGRESS_RULES = ("ratio", "relative_to_max", "relative_to_mean")
 
 
 class LayerwiseWarmupState(NamedTuple):
@@ -41,6 +47,7 @@ def layerwise_warmup(
   warmup_threshold: float,
   *,
   rule: str | gain_ratio.GainRatioRule = "lena",
+  progress: str = "ratio",
   beta: float | None = None,
   eps: float | None = None,
   grouping: grouping_lib.Grouping = None,
@@ -53,6 +60,31 @@ def layerwise_warmup(
   by ``P_k / theta`` while ``P_k <= theta``. Layers whose gradients are noisy (large ratio)
   therefore finish their warm-up early and low-noise layers keep warming up.
 
+  **Length, and the variants** (``progress=``). With ``theta = alpha * T1`` and a run of T_S
+  updates at S workers (T1 = S * T_S single-worker iterations of the same epoch budget), a layer
+  whose ratio averages ``r_k`` ends its warm-up after about
+
+  * ``"ratio"`` (the paper, default): ``P_k <- P_k + r_k``; ``theta / r_k = alpha * T1 / r_k``
+    updates, i.e. the fraction ``alpha * S / r_k`` of the run. It grows with S / r_k: with
+    alpha = 5%, S = 128 and r_k = 9-14 the warm-up lasts about half the run, and a layer with
+    r_k = 1 does not leave it within the run when ``alpha * S >= 1``.
+  * ``"relative_to_max"``: ``P_k <- P_k + S * r_k / max_j r_j``. The layer with the largest
+    ratio of the update is credited S single-worker iterations (as linear scaling would), the
+    others in proportion to their ratio. Fraction of the run ``alpha * r_max / r_k``: the layer
+    with the largest ratio ends at alpha of the run (the fixed warm-up of theta base steps),
+    the others later by their ratio's distance to it. It depends on how different the layers'
+    ratios are, not on S / r.
+  * ``"relative_to_mean"``: ``P_k <- P_k + min(S * r_k / mean_j r_j, S)``. The same relative to
+    the mean ratio (over leaves), capped at S: fraction ``alpha * max(1, mean_j r_j / r_k)``.
+    Layers at or above the mean ratio end at alpha of the run, those below later.
+
+  Both variants keep the paper's intent (each layer ends on its own, noisier layers first) and
+  are bounded per update by ``r_k <= advance <= S``, so a layer's variant warm-up never lasts
+  longer than the paper's nor shorter than the fixed warm-up of theta base steps. Under a global
+  rule (AdaScale, linear) every layer has the largest ratio: both variants are then exactly the
+  fixed warm-up ``min(t * S / theta, 1)``. The fractions above are for constant ratios; the
+  state records the actual per-layer end (``end_step``).
+
   An Optax chain only passes updates from one transformation to the next, so the warm-up keeps
   its own copy of the rule's moving averages (two floats per leaf) and recomputes the ratio
   with the same shared core; give it the same rule as the scaling transformation. Under a
@@ -63,6 +95,8 @@ def layerwise_warmup(
       5% of the single-worker run's iterations).
     rule: ``"lena"``, ``"adascale"``, ``"linear"`` or a :class:`GainRatioRule`; must match the
       scaling rule it is chained with.
+    progress: how ``P_k`` advances: ``"ratio"`` (the paper), ``"relative_to_max"`` or
+      ``"relative_to_mean"`` (see above). ``theta`` keeps its unit (single-worker iterations).
     beta: moving-average weight of the rule; ``None`` means ``min(S / 1000, 1)``.
     eps: stabiliser of the rule's ratio; ``None`` means the rule's default 1e-6.
     grouping: the rule's grouping (``"lena"`` only).
@@ -72,9 +106,15 @@ def layerwise_warmup(
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
   References:
-    Ko, Lee and Kim, WWW 2022, Section 3.3.
+    Ko, Lee and Kim, WWW 2022, Section 3.3, Eqs. 6-7 (the ``"ratio"`` rule); the variants are
+    this library's.
   """
   checks.check_warmup_threshold(warmup_threshold)
+  if progress not in PROGRESS_RULES:
+    raise ValueError(
+      f"Unknown warm-up progress rule {progress!r}: use one of {', '.join(PROGRESS_RULES)} "
+      "('ratio' is the paper's)."
+    )
   rule = gain_ratio.rule_from_name(
     rule, beta=beta, eps=eps, grouping=grouping, num_samples=num_samples
   )
@@ -92,16 +132,37 @@ def layerwise_warmup(
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     del params, extra_args
     ratio_state = gain_ratio.advance_gain_ratio(state.ratio_state, rule, updates, grad_stats)
-    progress = state.progress + ratio_state.ratio
-    warming = progress <= warmup_threshold
-    factor = jnp.where(warming, progress / warmup_threshold, 1.0).astype(jnp.float32)
+    advance = progress_advance(ratio_state.ratio, grad_stats.num_samples, progress)
+    new_progress = state.progress + advance
+    warming = new_progress <= warmup_threshold
+    factor = jnp.where(warming, new_progress / warmup_threshold, 1.0).astype(jnp.float32)
     # The warm-up ends at the first update at full rate: P_k = theta already gives factor 1.
-    at_full_rate = progress >= warmup_threshold
+    at_full_rate = new_progress >= warmup_threshold
     end_step = jnp.where((state.end_step < 0) & at_full_rate, ratio_state.count, state.end_step)
-    new_state = LayerwiseWarmupState(ratio_state, progress, factor, end_step)
+    new_state = LayerwiseWarmupState(ratio_state, new_progress, factor, end_step)
     return gain_ratio.scale_active_leaves(updates, factor), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def progress_advance(ratio: jax.Array, num_samples: int, progress: str = "ratio") -> jax.Array:
+  """Per-leaf advance of the warm-up progress ``P_k`` for one update.
+
+  Args:
+    ratio: the update's per-leaf ratios ``r_k`` (float32, each in ``[1, S]``).
+    num_samples: S of the update (a Python int).
+    progress: ``"ratio"`` (``r_k``, the paper's Eq. 6), ``"relative_to_max"``
+      (``S * r_k / max_j r_j``) or ``"relative_to_mean"`` (``min(S * r_k / mean_j r_j, S)``).
+
+  Returns:
+    The advance per leaf, float32, in ``[r_k, S]``.
+  """
+  if progress == "ratio" or ratio.shape[0] == 0:
+    return ratio
+  s = jnp.float32(num_samples)
+  if progress == "relative_to_max":
+    return s * ratio / jnp.max(ratio)  # ratios are >= 1: no division by zero
+  return jnp.minimum(s * ratio / jnp.mean(ratio), s)
 
 
 class FixedWarmupState(NamedTuple):
