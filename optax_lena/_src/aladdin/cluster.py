@@ -1,0 +1,240 @@
+"""The cost model of the ALADDIN cluster simulator: who computes how fast, what a message costs.
+
+Everything here is plain Python arithmetic on seconds and bytes (no JAX): the simulator
+(:mod:`optax_lena._src.aladdin.simulator`) asks a :class:`Cluster` how long a worker's iteration,
+a message, a parameter-server (PS) pass or a ring all-reduce takes.
+
+Model (the stated assumptions; ``docs/ALADDIN.md`` discusses them):
+
+* **Workers** compute one iteration (forward, backward, local optimizer step) in
+  ``compute_time[i]`` seconds, always the same (no jitter), one iteration at a time.
+* **Network interfaces (NICs)** are full duplex: each has an uplink and a downlink of
+  ``bandwidth`` bytes/s. Worker i uses NIC ``i // workers_per_machine``; PS shard s uses NIC
+  ``s % num_machines`` when ``ps_colocated`` (the PS processes run on the worker machines and
+  share their NICs) and a NIC of its own otherwise. A message of b bytes occupies the sender's
+  uplink for ``b / bandwidth`` (messages leave one after another, in the order they were sent),
+  crosses the wire in ``latency`` seconds, and occupies the receiver's downlink for
+  ``b / bandwidth`` (messages arriving at one NIC are received one after another). Two endpoints
+  on one machine (a worker and a co-located PS shard) still pay the NIC: a simplification.
+* **PS shards** are single servers: each processes its messages one at a time, in arrival order,
+  at ``ps_cost_per_byte`` seconds per byte of the message, plus the same again for a global
+  update (an optimizer pass over its slice). Several shards work in parallel.
+* **Ring all-reduce** (AR-SGD) of b bytes over n workers:
+  ``2 (n - 1) / n * b / bandwidth + 2 (n - 1) * latency`` (reduce-scatter then all-gather, each
+  n - 1 steps of b / n bytes); with several workers per machine the machines' NICs carry the same
+  bytes (one ring hop leaves each machine), so the formula is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+# The paper's clusters (Table 3): one worker (index 0) slower by this factor.
+PAPER_SLOWDOWNS: dict[str, float] = {"HO": 1.0, "HE0": 2.0, "HE1": 10.0, "HE2": 100.0}
+
+GIGABIT = 1e9 / 8  # bytes per second of 1 Gb/s
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """A simulated cluster: per-worker speeds, network and parameter-server costs.
+
+  Attributes:
+    compute_time: seconds per iteration of each worker (slowdowns included); its length is the
+      number of workers n.
+    bandwidth: bytes per second of every NIC, in each direction (10 Gb/s = 1.25e9).
+    latency: seconds a message spends on the wire, and per step of the ring all-reduce.
+    ps_cost_per_byte: seconds a PS shard spends per byte it processes (one pass for every
+      message, one more for a global update).
+    num_shards: PS shards (processes), each serving its slice of every message serially.
+    workers_per_machine: workers sharing one NIC (the paper: 2 GPUs per machine).
+    ps_colocated: the PS shards run on the worker machines (shard s on machine s mod m) and
+      share their NICs; else every shard has a NIC of its own.
+  """
+
+  compute_time: tuple[float, ...]
+  bandwidth: float = 10 * GIGABIT
+  latency: float = 50e-6
+  ps_cost_per_byte: float = 0.5e-9
+  num_shards: int = 1
+  workers_per_machine: int = 1
+  ps_colocated: bool = False
+
+  def __post_init__(self) -> None:
+    times = tuple(float(t) for t in self.compute_time)
+    object.__setattr__(self, "compute_time", times)
+    if not times or any(not (t > 0 and math.isfinite(t)) for t in times):
+      raise ValueError(f"compute_time must be positive finite seconds per worker, got {times}.")
+    if not self.bandwidth > 0:
+      raise ValueError(f"bandwidth must be positive bytes/s, got {self.bandwidth}.")
+    if self.latency < 0 or self.ps_cost_per_byte < 0:
+      raise ValueError("latency and ps_cost_per_byte must be >= 0.")
+    if self.num_shards < 1 or self.workers_per_machine < 1:
+      raise ValueError("num_shards and workers_per_machine must be >= 1.")
+
+  @property
+  def num_workers(self) -> int:
+    """n, the number of workers."""
+    return len(self.compute_time)
+
+  @property
+  def num_machines(self) -> int:
+    """Machines holding the workers (``ceil(n / workers_per_machine)``)."""
+    return -(-self.num_workers // self.workers_per_machine)
+
+  def worker_nic(self, worker: int) -> int:
+    """The NIC index worker ``worker`` sends and receives on."""
+    return worker // self.workers_per_machine
+
+  def ps_nic(self, shard: int) -> int:
+    """The NIC index PS shard ``shard`` sends and receives on."""
+    if self.ps_colocated:
+      return shard % self.num_machines
+    return self.num_machines + shard
+
+  @property
+  def num_nics(self) -> int:
+    """NICs in the model (machines, plus the PS shards' own unless co-located)."""
+    return self.num_machines + (0 if self.ps_colocated else self.num_shards)
+
+  def wire_time(self, nbytes: float) -> float:
+    """Seconds a message of ``nbytes`` occupies one link direction."""
+    return nbytes / self.bandwidth
+
+  def message_time(self, nbytes: float) -> float:
+    """Seconds from send to arrival of one message on idle links: latency + size / bandwidth."""
+    return self.latency + self.wire_time(nbytes)
+
+  def ps_time(self, nbytes: float, *, update: bool) -> float:
+    """Seconds a PS shard spends on one message of ``nbytes`` (twice that with a global
+    update)."""
+    return nbytes * self.ps_cost_per_byte * (2.0 if update else 1.0)
+
+  def allreduce_time(self, nbytes: float) -> float:
+    """Ring all-reduce of ``nbytes`` over the n workers (0 for one worker)."""
+    n = self.num_workers
+    if n == 1:
+      return 0.0
+    return 2.0 * (n - 1) / n * nbytes / self.bandwidth + 2.0 * (n - 1) * self.latency
+
+  def shard_bytes(self, nbytes: float) -> list[float]:
+    """The bytes of a message's slice for each shard (memory-wise: equal slices)."""
+    return [nbytes / self.num_shards] * self.num_shards
+
+
+def make_cluster(
+  num_workers: int,
+  compute_time: float,
+  *,
+  slowdown: float | Mapping[int, float] = 1.0,
+  **kwargs: float | int | bool,
+) -> Cluster:
+  """A cluster of ``num_workers`` equal workers, some slowed down.
+
+  Args:
+    num_workers: n.
+    compute_time: seconds per iteration of a normal worker.
+    slowdown: a float (worker 0 is that many times slower: the paper's HE clusters) or a
+      mapping ``{worker: factor}``.
+    **kwargs: the other :class:`Cluster` fields.
+
+  Returns:
+    The :class:`Cluster`.
+  """
+  factors = {0: float(slowdown)} if isinstance(slowdown, int | float) else dict(slowdown)
+  for worker, factor in factors.items():
+    if not 0 <= worker < num_workers or not factor > 0:
+      raise ValueError(f"slowdown {worker}: {factor} needs a worker in [0, n) and a factor > 0.")
+  times = tuple(compute_time * factors.get(i, 1.0) for i in range(num_workers))
+  return Cluster(times, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+  """A model for the timing-only mode: its size and one 2080 Ti's iteration time.
+
+  Attributes:
+    name: e.g. ``"ResNet-50"``.
+    num_params: parameters (float32 on the wire: 4 bytes each).
+    batch_size: per-worker batch of the paper.
+    images_per_second: one RTX 2080 Ti's FP32 training throughput used for ``compute_time``.
+  """
+
+  name: str
+  num_params: int
+  batch_size: int
+  images_per_second: float
+
+  @property
+  def nbytes(self) -> float:
+    """Bytes of one gradient or parameter message (float32)."""
+    return 4.0 * self.num_params
+
+  @property
+  def compute_time(self) -> float:
+    """Seconds per iteration of one worker: batch / throughput."""
+    return self.batch_size / self.images_per_second
+
+
+# Per-iteration compute of the paper's GPUs, from a published single-GPU benchmark: Lambda's
+# "RTX 2080 Ti Deep Learning Benchmarks with TensorFlow" (TF 1.12, FP32, synthetic 224x224
+# ImageNet inputs): ResNet-50 294 images/s; VGG-16 about 186 images/s (read from the same
+# benchmark's table; treat it as +-10%). At the paper's per-worker batches (128 and 96) that is
+# 0.435 s and 0.516 s per iteration. CIFAR-10's 32x32 inputs need fewer FLOPs per image, so
+# these are upper bounds of the compute time; CALIBRATED_MODELS is the other end.
+PAPER_MODELS: dict[str, ModelSize] = {
+  "ResNet-50": ModelSize("ResNet-50", 23_500_000, 128, 294.0),
+  "VGG-16": ModelSize("VGG-16", 138_000_000, 96, 186.0),
+}
+
+
+def calibrated_compute_time(model: ModelSize, paper_speedup: float, cluster: Cluster) -> float:
+  """The compute time for which the ring all-reduce model gives the paper's AR-SGD HO
+  speed-up: ``n c / (c + t_ar) = s`` -> ``c = s t_ar / (n - s)``.
+
+  Args:
+    model: the model (its bytes set the all-reduce time).
+    paper_speedup: the paper's AR-SGD speed-up on the homogeneous cluster.
+    cluster: the cluster (n, bandwidth, latency).
+
+  Returns:
+    Seconds per iteration.
+  """
+  n = cluster.num_workers
+  return paper_speedup * cluster.allreduce_time(model.nbytes) / (n - paper_speedup)
+
+
+def paper_cluster(
+  compute_time: float,
+  slowdown: float = 1.0,
+  *,
+  num_workers: int = 8,
+  num_shards: int = 4,
+  ps_cost_per_byte: float = 0.5e-9,
+) -> Cluster:
+  """The paper's cluster: 4 machines x 2 GPUs, 10 Gb/s Ethernet, PS shards on the machines.
+
+  Args:
+    compute_time: seconds per iteration of a normal worker.
+    slowdown: worker 0's slowdown factor (``PAPER_SLOWDOWNS``).
+    num_workers: n (8 in the paper).
+    num_shards: PS shards (one per machine by default).
+    ps_cost_per_byte: PS processing cost (0.5 ns/byte = 2 GB/s of gradient per shard, a CPU
+      parameter server deserialising and summing float32).
+
+  Returns:
+    The :class:`Cluster`.
+  """
+  return make_cluster(
+    num_workers,
+    compute_time,
+    slowdown=slowdown,
+    bandwidth=10 * GIGABIT,
+    latency=50e-6,
+    ps_cost_per_byte=ps_cost_per_byte,
+    num_shards=num_shards,
+    workers_per_machine=2,
+    ps_colocated=True,
+  )
