@@ -75,6 +75,7 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
@@ -85,11 +86,24 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import optax_lena as ol  # noqa: E402
+from examples import analysis  # noqa: E402
+from examples import optimizers as registry  # noqa: E402
 
 PyTree = Any
 AXIS = "batch"
-LR, MOMENTUM, WEIGHT_DECAY, THETA = 0.1, 0.9, 5e-4, 50.0
+# A constant rate eta0, theta of LENA's state-aware warm-up and W of LSW's fixed one (base steps).
+LR, MOMENTUM, WEIGHT_DECAY, THETA, WARMUP_STEPS = 0.1, 0.9, 5e-4, 50.0, 100.0
 NUM_WORKERS = 8
+TOTAL_STEPS = 1000  # the run length the warm-up fractions refer to (T1 = TOTAL_STEPS x S)
+# This benchmark's names (in its tables and JSON) of the registry's optimizers.
+OPTIMIZERS = {
+  "sgd_momentum": "sgd",
+  "lena": "lena",
+  "adascale": "adascale",
+  "linear_scaling": "lsw",
+  "lars": "lars",
+  "lamb": "lamb",
+}
 
 # Target id -> (what, limit on the ratio). "memory" is checked on bytes, see memory_rows.
 TARGETS = {
@@ -179,27 +193,32 @@ def grad_stats_for(grads: PyTree, num_samples: int = NUM_WORKERS) -> ol.GradStat
 # Optimizers.
 
 
-def sgd_momentum() -> optax.GradientTransformation:
-  """The baseline: SGD with momentum and coupled weight decay (PyTorch semantics)."""
-  return optax.chain(optax.add_decayed_weights(WEIGHT_DECAY), optax.sgd(LR, MOMENTUM))
+def optimizers(
+  num_samples: int = NUM_WORKERS,
+) -> dict[str, tuple[optax.GradientTransformation, bool]]:
+  """name -> (transformation, whether its update takes grad_stats), from the example registry.
 
-
-def optimizers() -> dict[str, tuple[optax.GradientTransformation, bool]]:
-  """name -> (transformation, whether its update takes grad_stats)."""
-  return {
-    "sgd_momentum": (sgd_momentum(), False),
-    "lena": (
-      ol.lena(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, warmup_threshold=THETA),
-      True,
-    ),
-    "adascale": (ol.adascale(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY), True),
-    "linear_scaling": (
-      ol.linear_scaling(LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, warmup_steps=100.0),
-      True,
-    ),
-    "lars": (optax.lars(LR, weight_decay=WEIGHT_DECAY, momentum=MOMENTUM), False),
-    "lamb": (optax.lamb(LR, weight_decay=WEIGHT_DECAY), False),
-  }
+  Each optimizer with its paper warm-up (LENA: theta = THETA, LSW: W = WARMUP_STEPS base
+  steps, AdaScale and the others none) and the constant rate LR; ``num_samples`` is the S the
+  statistics will have (the number of devices in the data-parallel sections).
+  """
+  t1 = TOTAL_STEPS * num_samples
+  hp = registry.Hyperparams(
+    learning_rate=LR,
+    num_samples=num_samples,
+    total_steps=TOTAL_STEPS,
+    momentum=MOMENTUM,
+    weight_decay=WEIGHT_DECAY,
+    lr_decay=None,  # constant: the timings are of the update, not of a schedule
+    warmup_alpha=THETA / t1,
+    warmup_fraction=WARMUP_STEPS / t1,
+  )
+  out = {}
+  for name, entry_name in OPTIMIZERS.items():
+    entry = registry.get(entry_name)
+    tx = registry.build(entry_name, dataclasses.replace(hp, warmup=entry.paper_warmup))
+    out[name] = (tx, entry.diagnostics)
+  return out
 
 
 def fresh(tree: PyTree) -> PyTree:
@@ -352,7 +371,7 @@ def bench_stacked(
 ) -> list[Row]:
   log(f"  (b) stacked statistics + update, S={num_workers}: {tree_name} {tree_info(shapes)}")
   stacked = materialize(shapes, seed=1, lead=(num_workers,))
-  opts = optimizers()
+  opts = optimizers(num_workers)
 
   def baseline(params, opt_state, stacked):
     mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), stacked)
@@ -443,7 +462,7 @@ def bench_dp_step(
 ) -> list[Row]:
   n = len(devices)
   log(f"  (c) data-parallel step on {n} devices: {tree_name} {tree_info(shapes)}")
-  opts = optimizers()
+  opts = optimizers(n)
   host_local = materialize(shapes, seed=1, lead=(n,))
   variants = {**DP_VARIANTS, **PROFILE_VARIANTS}
   rows = []
@@ -533,7 +552,7 @@ def bench_train_step(
   extra = {k: v for k, v in variables.items() if k != "params"}  # BatchNorm statistics
   label = f"{model_name}" + (f" width {width}" if model_name == "resnet18" else "")
   log(f"  (d) training step, {label}, {n} devices x batch {per_device_batch}: {tree_info(params)}")
-  opts = optimizers()
+  opts = optimizers(n)
 
   def make_step(kind, tx):
     def step(params, extra, opt_state, x, y):
@@ -794,11 +813,7 @@ def write_markdown(
 
 
 def write_plot(path: str, rows: list[Row], compile_rows: list[dict]) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = analysis.pyplot()
   fig, (ax1, ax2) = plt.subplots(
     1, 2, figsize=(15, 0.32 * max(len(rows), 8) + 1.5), gridspec_kw={"width_ratios": [2.2, 1]}
   )
@@ -826,9 +841,7 @@ def write_plot(path: str, rows: list[Row], compile_rows: list[dict]) -> None:
     ax2.set_ylabel("compile seconds")
     ax2.legend()
     ax2.set_title("Compile time of the update step")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  analysis.save_figure(fig, Path(path), dpi=110)
 
 
 # ----------------------------------------------------------------------------------------------

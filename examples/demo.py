@@ -36,13 +36,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from examples import analysis, optimizers, train
 from examples import configs as configs_lib
-from examples import train
-from examples.plotting import save_figure
+from examples.analysis import TARGET_FRACTIONS, iterations_to_target
 
-# Fractions of the single-worker run's final accuracy that count as "reached it": the first is
-# the headline target, the second shows how fast the methods get close when none reaches it.
-TARGET_FRACTIONS = (0.98, 0.90)
+# The single-worker baseline, then the large-batch methods (each with its paper warm-up).
+BASELINE = "sgd"
+LARGE_BATCH = ("lsw", "adascale", "lena")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +56,10 @@ class Method:
 
 
 def methods(batch_scale: int) -> list[Method]:
-  """The single-worker baseline and the three large-batch methods with their paper warm-ups."""
+  """The single-worker baseline and the large-batch methods, from the optimizer registry."""
   return [
-    Method("SGD 1 worker", "sgd", 1, "none"),
-    Method("LSW", "lsw", batch_scale, "fixed"),
-    Method("AdaScale", "adascale", batch_scale, "none"),
-    Method("LENA", "lena", batch_scale, "state_aware"),
+    Method(e.label, e.name, 1 if e.name == BASELINE else batch_scale, e.paper_warmup)
+    for e in map(optimizers.get, (BASELINE, *LARGE_BATCH))
   ]
 
 
@@ -111,14 +109,6 @@ def method_config(base: configs_lib.Config, method: Method) -> configs_lib.Confi
     # Optimizer diagnostics every update (the multiplier plot); the baseline has none.
     log_every=1 if large else 0,
   )
-
-
-def iterations_to_target(records: list[dict[str, Any]], target: float) -> int | None:
-  """The first evaluated iteration whose accuracy reaches ``target`` (None: never)."""
-  for r in records:
-    if r["eval_accuracy"] >= target:
-      return int(r["iteration"])
-  return None
 
 
 def run_methods(
@@ -172,7 +162,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> tuple[list[float], list[dic
     (None: never).
   """
   baseline = next(iter(results.values()))
-  targets = [f * baseline["evals"][-1]["eval_accuracy"] for f in TARGET_FRACTIONS]
+  targets = analysis.targets(baseline["evals"][-1]["eval_accuracy"])
   rows = []
   for label, res in results.items():
     evals = res["evals"]
@@ -212,16 +202,6 @@ def format_table(targets: list[float], rows: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def _layer_series(records: list[dict[str, Any]], key: str) -> dict[str, tuple[list, list]]:
-  series: dict[str, tuple[list, list]] = {}
-  for r in records:
-    for layer, value in r.get(key, {}).items():
-      xs, ys = series.setdefault(layer, ([], []))
-      xs.append(r["iteration"])
-      ys.append(value)
-  return series
-
-
 def plot_all(results: dict[str, dict[str, Any]], targets: list[float], workdir: Path) -> list[Path]:
   """Writes ``accuracy.png``, ``lr_multipliers.png`` and ``warmup_end.png``.
 
@@ -233,80 +213,43 @@ def plot_all(results: dict[str, dict[str, Any]], targets: list[float], workdir: 
   Returns:
     The paths written.
   """
-  import matplotlib
-
-  matplotlib.use("Agg")  # files only: no display needed
-  import matplotlib.pyplot as plt
-
-  paths = []
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for label, res in results.items():
-    its = [r["iteration"] for r in res["evals"]]
-    ax.plot(
-      its,
+  curves = {
+    f"{label} (batch {res['layout']['global_batch']})": (
+      [r["iteration"] for r in res["evals"]],
       [r["eval_accuracy"] for r in res["evals"]],
-      label=f"{label} (batch {res['layout']['global_batch']})",
     )
-  for f, t, ls in zip(TARGET_FRACTIONS, targets, (":", "-."), strict=True):
-    ax.axhline(t, color="gray", ls=ls, lw=1, label=f"{f:.0%} of 1-worker accuracy")
-  ax.set(
-    xscale="log",
-    xlabel="iterations (updates)",
-    ylabel="test accuracy",
-    title="MNIST-1D, equal epoch budget",
-  )
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  paths.append(save_figure(fig, workdir / "accuracy.png"))
+    for label, res in results.items()
+  }
+  hlines = [
+    (t, f"{f:.0%} of 1-worker accuracy") for f, t in zip(TARGET_FRACTIONS, targets, strict=True)
+  ]
+  fig = analysis.plot_accuracy(curves, hlines, title="MNIST-1D, equal epoch budget")
+  paths = [analysis.save_figure(fig, workdir / "accuracy.png")]
 
   lena = results.get("LENA")
   if lena is not None:
     records = [r for r in lena["all"] if "lr_multiplier" in r]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for layer, (xs, ys) in sorted(_layer_series(records, "lr_multiplier").items()):
-      ax.plot(xs, ys, lw=1.2, label=layer)
     ada = results.get("AdaScale")
+    ratio = None
     if ada is not None:
       recs = [r for r in ada["all"] if "global_ratio" in r]
-      ax.plot(
-        [r["iteration"] for r in recs],
-        [r["global_ratio"] for r in recs],
-        "k--",
-        lw=1,
-        label="AdaScale (all layers)",
-      )
+      ratio = ([r["iteration"] for r in recs], [r["global_ratio"] for r in recs])
     s = lena["layout"]["num_samples"]
-    ax.axhline(s, color="gray", ls=":", lw=1, label=f"LSW after warm-up (S={s})")
-    ax.set(
-      xlabel="iteration",
-      ylabel="rate multiplier r_k x warm-up factor",
-      title=f"LENA per-layer learning-rate multipliers (S={s})",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    paths.append(save_figure(fig, workdir / "lr_multipliers.png"))
+    title = f"LENA per-layer learning-rate multipliers (S={s})"
+    fig = analysis.plot_lr_multipliers(records, s, ratio, title=title)
+    paths.append(analysis.save_figure(fig, workdir / "lr_multipliers.png"))
 
     ends = records[-1]["warmup_end_step"] if records else {}
     total = lena["evals"][-1]["iteration"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    layers = list(ends)
-    values = [ends[k] if ends[k] > 0 else total for k in layers]
-    colors = ["tab:blue" if ends[k] > 0 else "lightgray" for k in layers]
-    ax.barh(layers, values, color=colors)
     lsw = results.get("LSW")
-    if lsw is not None:
-      fixed_end = math.ceil(lsw["config"].warmup_fraction * total)
-      ax.axvline(
-        fixed_end, color="tab:red", ls="--", label=f"LSW fixed warm-up end (iteration {fixed_end})"
-      )
-      ax.legend(fontsize=8)
-    ax.invert_yaxis()
-    ax.set(
-      xlabel="iteration at which the layer's warm-up ended (gray: not ended)",
-      title="LENA state-aware warm-up: per-layer end (cf. paper Fig. 7)",
+    fixed_end = math.ceil(lsw["config"].warmup_fraction * total) if lsw is not None else None
+    fig = analysis.plot_warmup_ends(
+      {"LENA": (ends, total)},
+      fraction=False,
+      fixed_end=fixed_end,
+      fixed_label=f"LSW fixed warm-up end (iteration {fixed_end})",
     )
-    ax.grid(alpha=0.3, axis="x")
-    paths.append(save_figure(fig, workdir / "warmup_end.png"))
+    paths.append(analysis.save_figure(fig, workdir / "warmup_end.png"))
   return paths
 
 

@@ -1,4 +1,4 @@
-"""Input pipelines for the training examples.
+"""Input pipelines for the training examples: every dataset behind one :class:`Dataset` protocol.
 
 * MNIST-1D is *generated locally* with the ``mnist1d`` package (never downloaded) and cached as
   an ``.npz``; batches come from :func:`numpy_batches`. This is the default, offline dataset.
@@ -8,10 +8,15 @@
 
 TensorFlow is imported lazily inside the CIFAR functions so that MNIST-1D users (and JAX tests)
 never pay for, or get their devices touched by, a TensorFlow import.
+
+The trainer sees a dataset only through :class:`Dataset` (:class:`Mnist1dData`,
+:class:`CifarData`, built by :func:`create_dataset`) and cuts its training stream into global
+batches with :func:`global_batches`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -19,9 +24,15 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:  # configs imports nothing of ours; only the type is needed here
+  from examples.configs import Config
+
+Batch = dict[str, np.ndarray]
+DATASETS = ("mnist1d", "cifar10", "cifar100")
 
 # ----------------------------------------------------------------------------------------------
 # MNIST-1D
@@ -361,3 +372,169 @@ def load_cifar(
   ds = ds.map(lambda image, label: {"image": image, "label": label})
   ds = ds.prefetch(tf.data.AUTOTUNE)
   return iter(tfds.as_numpy(ds))
+
+
+# ----------------------------------------------------------------------------------------------
+# The datasets the trainer uses
+# ----------------------------------------------------------------------------------------------
+
+
+class Dataset(Protocol):
+  """What the trainer needs from a dataset.
+
+  ``epoch_examples(epoch)`` yields one epoch of training examples as ``(x, y)`` chunks in an
+  order fixed by ``(seed, epoch)`` (so a resumed run sees the same stream); ``eval_batches()``
+  yields the evaluation split in batches padded to one size, with a 0/1 ``mask``.
+  """
+
+  num_classes: int
+  input_shape: tuple[int, ...]
+  num_train: int
+
+  def epoch_examples(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]: ...
+
+  def eval_batches(self) -> Iterator[Batch]: ...
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+  """A seed for one epoch's data order: deterministic per (seed, epoch), so resumable."""
+  return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def _padded_eval_batches(
+  batches: Iterator[tuple[np.ndarray, np.ndarray]], size: int
+) -> Iterator[Batch]:
+  """Pads every evaluation batch to ``size`` rows with a 0/1 ``mask`` (static shapes)."""
+  for x, y in batches:
+    n = len(y)
+    pad = size - n
+    yield {
+      "x": np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]),
+      "y": np.concatenate([y, np.zeros((pad,), y.dtype)]),
+      "mask": np.concatenate([np.ones((n,), np.float32), np.zeros((pad,), np.float32)]),
+    }
+
+
+class Mnist1dData:
+  """MNIST-1D, generated offline and cached (:func:`load_mnist1d`)."""
+
+  num_classes = 10
+  input_shape = (40,)
+
+  def __init__(self, config: Config, eval_batch: int):
+    d = load_mnist1d(
+      config.cache_dir,
+      config.data_seed,
+      num_samples=config.mnist1d_num_samples,
+      num_validation=config.num_validation,
+    )
+    self.x_train, self.y_train = d["x_train"], d["y_train"]
+    split = {"test": "test", "validation": "val"}[config.eval_split]
+    self.x_eval, self.y_eval = d[f"x_{split}"], d[f"y_{split}"]
+    if not len(self.y_eval):
+      from examples.configs import ConfigError
+
+      raise ConfigError("eval_split='validation' on MNIST-1D needs num_validation > 0.")
+    self.eval_batch, self.seed = eval_batch, config.seed
+    self.num_train = len(self.y_train)
+
+  def epoch_examples(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One epoch in an order fixed by (seed, epoch), as a single chunk."""
+    order = np.random.default_rng(_epoch_seed(self.seed, epoch)).permutation(self.num_train)
+    yield self.x_train[order], self.y_train[order]
+
+  def eval_batches(self) -> Iterator[Batch]:
+    batches = numpy_batches(
+      self.x_eval, self.y_eval, self.eval_batch, shuffle=False, drop_remainder=False
+    )
+    return _padded_eval_batches(batches, self.eval_batch)
+
+
+class CifarData:
+  """CIFAR-10/100 from a prepared TFDS ``data_dir`` (:func:`load_cifar`)."""
+
+  input_shape = (32, 32, 3)
+  chunk = 1024  # examples per tf.data batch; global batches are cut from these
+
+  def __init__(self, config: Config, eval_batch: int):
+    self.name, self.data_dir = config.dataset, config.data_dir or None
+    self.num_classes = CIFAR_NUM_CLASSES[self.name]
+    self.num_train = CIFAR_SPLIT_SIZES["train"]
+    self.eval_batch, self.seed = eval_batch, config.seed
+    self.eval_split = config.eval_split
+    # Fail now, with the pipeline's instructions, if the dataset is not prepared.
+    self.eval_batches()
+
+  def epoch_examples(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One epoch, shuffled and augmented with a seed fixed by (seed, epoch)."""
+    it = load_cifar(
+      self.name,
+      "train",
+      self.chunk,
+      train=True,
+      data_dir=self.data_dir,
+      num_epochs=1,
+      drop_remainder=False,
+      seed=_epoch_seed(self.seed, epoch),
+    )
+    for b in it:
+      yield b["image"], b["label"]
+
+  def eval_batches(self) -> Iterator[Batch]:
+    it = load_cifar(
+      self.name, self.eval_split, self.eval_batch, train=False, data_dir=self.data_dir
+    )
+    return _padded_eval_batches(((b["image"], b["label"]) for b in it), self.eval_batch)
+
+
+def create_dataset(config: Config, num_devices: int = 1) -> Dataset:
+  """The dataset of ``config.dataset``; evaluation batches are padded to a multiple of
+  ``num_devices`` so that they shard evenly."""
+  eval_batch = -(-config.eval_batch_size // num_devices) * num_devices
+  if config.dataset == "mnist1d":
+    return Mnist1dData(config, eval_batch)
+  return CifarData(config, eval_batch)
+
+
+def global_batches(data: Dataset, global_batch: int, start_step: int = 0) -> Iterator[Batch]:
+  """The training stream cut into global batches, starting with update ``start_step``.
+
+  The stream is epoch 0, epoch 1, ... in the per-(seed, epoch) order of
+  ``data.epoch_examples``, and a batch may straddle two epochs. So no example is dropped at
+  any batch size (a 16k batch would otherwise skip 27% of CIFAR-10's 45k images every epoch),
+  and the position of update ``t`` is simply example ``t * global_batch`` of the stream,
+  which is what makes resuming exact.
+
+  Args:
+    data: the dataset.
+    global_batch: examples per update.
+    start_step: the first update to produce.
+
+  Yields:
+    ``{'x': [global_batch, ...], 'y': [global_batch]}``.
+  """
+  epoch, skip = divmod(start_step * global_batch, data.num_train)
+  pending: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
+  have = 0
+  while True:
+    for x, y in data.epoch_examples(epoch):
+      if skip:  # resuming mid-epoch: drop what the checkpointed run already used
+        x, y, skip = x[skip:], y[skip:], max(0, skip - len(y))
+      pending.append((x, y))
+      have += len(y)
+      while have >= global_batch:
+        # Cut one batch off the front of the pending chunks (slices are views).
+        xs, ys, need = [], [], global_batch
+        while need:
+          x0, y0 = pending[0]
+          take = min(need, len(y0))
+          xs.append(x0[:take])
+          ys.append(y0[:take])
+          if take == len(y0):
+            pending.popleft()
+          else:
+            pending[0] = (x0[take:], y0[take:])
+          need -= take
+        have -= global_batch
+        yield {"x": np.concatenate(xs), "y": np.concatenate(ys)}
+    epoch += 1

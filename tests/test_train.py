@@ -23,7 +23,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from examples import configs, train  # noqa: E402
+from examples import configs, input_pipeline, optimizers, train  # noqa: E402
+from examples import main as cli  # noqa: E402
+from examples import parallel as parallel_lib  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,8 @@ _FAST = {
 }
 _GRID = [
   pytest.param(o, p, marks=() if (o, p) in _FAST else pytest.mark.slow)
-  for o in train.OPTIMIZERS
-  for p in train.PARALLEL
+  for o in optimizers.names()
+  for p in parallel_lib.STRATEGIES
 ]
 
 
@@ -74,9 +76,11 @@ def test_smoke(optimizer: str, parallel: str, tmp_path: Path, cache_dir: str) ->
     assert 0.0 <= r["eval_accuracy"] <= 1.0 and math.isfinite(r["eval_loss"])
     assert math.isfinite(r["train_loss"]) and r["base_steps"] == 8 * r["iteration"]
     assert r["eval_split"] == "test" and r["wall_time"] > 0
-    if optimizer in train.STATS_OPTIMIZERS:
+    if optimizers.get(optimizer).diagnostics:
       # Per-layer diagnostics keyed by layer name.
-      assert set(r["lr_multiplier"]) == set(train.layer_names(state.params))
+      paths = jax.tree_util.tree_flatten_with_path(state.params)[0]
+      layers = {jax.tree_util.keystr(p, simple=True, separator="/") for p, _ in paths}
+      assert set(r["lr_multiplier"]) == layers
       assert all(1.0 <= v <= 8.0 for v in r["gain_ratio"].values())
       assert "warmup_end_step" in r
     else:
@@ -88,7 +92,7 @@ def test_smoke(optimizer: str, parallel: str, tmp_path: Path, cache_dir: str) ->
 def test_parallel_modes_agree(tmp_path: Path, cache_dir: str) -> None:
   """shard_map, pmap and GSPMD give the same LENA run with micro-batches (S = 8 x 2)."""
   params, evals = {}, {}
-  for parallel in train.PARALLEL:
+  for parallel in parallel_lib.STRATEGIES:
     config = tiny(
       cache_dir,
       optimizer="lena",
@@ -155,7 +159,7 @@ class _CountingData:
 
 def test_global_batches_straddle_epochs_and_resume_anywhere() -> None:
   data = _CountingData()
-  stream = train.global_batches(data, 4)
+  stream = input_pipeline.global_batches(data, 4)
   batches = [next(stream)["y"] for _ in range(8)]
   # Nothing dropped at epoch ends: the batches tile epoch 0, 1, 2, ... in order.
   expected = np.concatenate([np.random.default_rng(e).permutation(10) + 100 * e for e in range(4)])[
@@ -163,7 +167,7 @@ def test_global_batches_straddle_epochs_and_resume_anywhere() -> None:
   ]
   np.testing.assert_array_equal(np.concatenate(batches), expected)
   for start in range(8):  # resuming at update `start` continues the same sequence
-    resumed = train.global_batches(data, 4, start)
+    resumed = input_pipeline.global_batches(data, 4, start)
     for want in batches[start:]:
       np.testing.assert_array_equal(next(resumed)["y"], want)
 
@@ -185,7 +189,7 @@ def test_global_batches_straddle_epochs_and_resume_anywhere() -> None:
   ],
 )
 def test_batch_layout(changes: dict, devices: int, expected: tuple) -> None:
-  layout = train.batch_layout(dataclasses.replace(configs.Config(), **changes), devices)
+  layout = parallel_lib.batch_layout(dataclasses.replace(configs.Config(), **changes), devices)
   assert (layout.num_devices, layout.micro_batches) == expected
   assert layout.global_batch == layout.num_samples * layout.per_worker_batch
 
@@ -193,14 +197,14 @@ def test_batch_layout(changes: dict, devices: int, expected: tuple) -> None:
 def test_indivisible_batch_message() -> None:
   config = configs.Config(per_worker_batch=32, batch_scale=12, num_devices=8)
   with pytest.raises(ValueError, match="Global batch 384") as info:
-    train.batch_layout(config, 8)
+    parallel_lib.batch_layout(config, 8)
   msg = str(info.value)
   assert "8 devices x 1 micro-batches" in msg and "batch_scale=8" in msg
   assert "num_devices" in msg and "micro_batches" in msg
   with pytest.raises(ValueError, match=r"not a multiple of per_worker_batch 32"):
-    train.batch_layout(configs.Config(per_worker_batch=32, global_batch_size=1000), 8)
+    parallel_lib.batch_layout(configs.Config(per_worker_batch=32, global_batch_size=1000), 8)
   with pytest.raises(ValueError, match="only 8 local devices"):
-    train.batch_layout(configs.Config(num_devices=16), 8)
+    parallel_lib.batch_layout(configs.Config(num_devices=16), 8)
 
 
 @pytest.mark.parametrize(
@@ -235,7 +239,7 @@ def test_missing_cifar_message(tmp_path: Path) -> None:
 
 
 def test_cli_parsing_and_errors(capsys: pytest.CaptureFixture) -> None:
-  config, workdir = train.parse_args(
+  config, workdir = cli.parse_args(
     [
       "--config",
       "default",
@@ -259,15 +263,15 @@ def test_cli_parsing_and_errors(capsys: pytest.CaptureFixture) -> None:
     ("batch_scale", "key=value"),
   ]:
     with pytest.raises(SystemExit):
-      train.parse_args(["--set", bad, "--workdir", "x"])
+      cli.parse_args(["--set", bad, "--workdir", "x"])
     assert expected in capsys.readouterr().err
   with pytest.raises(SystemExit):
-    train.parse_args(["--config", "imagenet", "--workdir", "x"])
+    cli.parse_args(["--config", "imagenet", "--workdir", "x"])
   err = capsys.readouterr().err
   assert "Unknown config 'imagenet'" in err and "cifar10_resnet18, default, tiny_test" in err
   # Configuration errors end the CLI with the message, not a traceback.
   with pytest.raises(SystemExit, match="valid optimizers"):
-    train.main(["--set", "optimizer=adam", "--workdir", "x"])
+    cli.main(["--set", "optimizer=adam", "--workdir", "x"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,7 +302,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
     "log_every=0",
   ]
   workdir = tmp_path / "killed"
-  cmd = [sys.executable, "-m", "examples.train", *args, "--workdir", str(workdir)]
+  cmd = [sys.executable, "-m", "examples.main", *args, "--workdir", str(workdir)]
   log = tmp_path / "first.log"
   with log.open("w") as f:
     proc = subprocess.Popen(cmd, cwd=_REPO_ROOT, stdout=f, stderr=subprocess.STDOUT)
@@ -323,7 +327,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
   assert 0 < resumed_from < total
 
   # The uninterrupted run, in this process (same 8 CPU devices, same compiled programs).
-  config, _ = train.parse_args([*args, "--workdir", "unused"])
+  config, _ = cli.parse_args([*args, "--workdir", "unused"])
   reference = train.train_and_evaluate(config, tmp_path / "uninterrupted")
 
   final = train.restore_checkpoint(workdir)

@@ -9,7 +9,9 @@ The grid (every cell x seeds; the single-worker SGD baseline once per seed):
 * **Table 4** ("what makes layer-wise scaling win or lose", at ``extra_scale``): per-module
   instead of per-leaf grouping, a longer epoch budget, and layer-wise ratios around an Adam
   inner update (``optax.scale_by_adam`` -> ``ol.scale_by_lena`` -> ``ol.layerwise_warmup`` ->
-  ``ol.scale_by_learning_rate``) next to plain Adam and ``optax.lamb``.
+  ``ol.scale_by_learning_rate``) next to plain Adam and ``optax.lamb``. The two Adam variants
+  are this study's own entries of the optimizer registry (:data:`STUDY_OPTIMIZERS`), registered
+  while the study trains.
 
 Every run is one in-process call of ``examples.train.train_and_evaluate`` into
 ``<out>/runs/<name>`` (metrics.jsonl + config.json, no checkpoints). The study resumes: a run
@@ -32,42 +34,66 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import optax
 
 import optax_lena as ol
+from examples import analysis, optimizers, train
 from examples import configs as configs_lib
-from examples import train
-from examples.plotting import save_figure
 
-# Target = this fraction of the single-worker SGD accuracy of the same seed and budget.
-TARGET_FRACTION = 0.98
-# A looser second target: shows which method gets close first when none reaches the first.
-LOOSE_FRACTION = 0.90
-# Table 1's methods, each with the paper's warm-up.
-PAPER_METHODS = (("lsw", "fixed"), ("adascale", "none"), ("lena", "state_aware"))
+# Target = the first fraction (98%) of the single-worker SGD accuracy of the same seed and
+# budget; the looser second one (90%) shows which method gets close first when none reaches it.
+TARGET_FRACTION, LOOSE_FRACTION = analysis.TARGET_FRACTIONS
 RULES = ("lsw", "adascale", "lena")
-WARMUPS = ("none", "fixed", "state_aware")
-LABELS = {
-  "sgd": "SGD 1 worker",
-  "lsw": "LSW",
-  "adascale": "AdaScale",
-  "lena": "LENA",
-  "lamb": "LAMB",
-  "adam": "Adam",
-  "adam_lena": "Adam+LENA",
-}
-# Optimizers the trainer does not have; built here and injected by _optimizer_hook.
-CUSTOM_OPTIMIZERS = ("adam", "adam_lena")
+# Table 1's methods, each with the paper's warm-up (the registry's paper_warmup).
+PAPER_METHODS = tuple((o, optimizers.get(o).paper_warmup) for o in RULES)
+WARMUPS = optimizers.WARMUPS
+
+
+def _adam(hp: optimizers.Hyperparams) -> optax.GradientTransformation:
+  """Adam at large batch without layer-wise scaling; rate on the sample clock (t*S)."""
+  rate = ol.scale_by_learning_rate(
+    hp.sample_schedule(), clock="samples", num_samples=hp.num_samples
+  )
+  return optax.chain(optax.scale_by_adam(), rate)
+
+
+def _adam_lena(hp: optimizers.Hyperparams) -> optax.GradientTransformation:
+  """Adam with LENA's layer ratios: each layer's Adam direction times its gain ratio r_k in
+  [1, S], then the state-aware warm-up (theta = alpha * T1). The building blocks read the
+  statistics of the raw gradients, so they can follow Adam. No weight decay (Adam's own)."""
+  blocks = [optax.scale_by_adam(), ol.scale_by_lena(num_samples=hp.num_samples)]
+  if hp.warmup == "state_aware":
+    theta = hp.warmup_kwargs()["warmup_threshold"]
+    blocks.append(ol.layerwise_warmup(theta, num_samples=hp.num_samples))
+  rate = ol.scale_by_learning_rate(
+    hp.sample_schedule(), clock="samples", num_samples=hp.num_samples
+  )
+  return optax.chain(*blocks, rate)
+
+
+# This study's own optimizers, registered while it trains (optimizers.registered): adding a
+# variant to the study is one entry here and its runs in build_grid.
+STUDY_OPTIMIZERS = (
+  optimizers.Optimizer("adam", _adam, "Adam", warmups=("none",)),
+  optimizers.Optimizer(
+    "adam_lena", _adam_lena, "Adam+LENA", "state_aware", True, ("none", "state_aware")
+  ),
+)
+
+
+def label_of(name: str) -> str:
+  """The table label of an optimizer (this study's, or the registry's)."""
+  own = {e.name: e.label for e in STUDY_OPTIMIZERS}
+  return own[name] if name in own else optimizers.get(name).label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +180,7 @@ PRESETS = {
 class RunSpec:
   """One training run of the grid; ``name`` is derived from everything that differs."""
 
-  optimizer: str  # sgd, lsw, adascale, lena, lamb, adam, adam_lena
+  optimizer: str  # a registry name: sgd, lsw, adascale, lena, lamb; adam, adam_lena (ours)
   batch_scale: int
   warmup: str
   seed: int
@@ -240,9 +266,7 @@ def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> configs_lib.Config:
     cache_dir=cache_dir,
     mnist1d_num_samples=p.num_samples,
     width=p.width,
-    # Custom optimizers ride on 'lena' (a valid name); _optimizer_hook replaces the optax
-    # transformation the trainer builds for it.
-    optimizer="lena" if spec.optimizer in CUSTOM_OPTIMIZERS else spec.optimizer,
+    optimizer=spec.optimizer,
     warmup=spec.warmup,
     learning_rate=lr,
     warmup_alpha=spec.alpha,
@@ -263,52 +287,6 @@ def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> configs_lib.Config:
     progress_bar=False,
     rng_impl=p.rng_impl,
   )
-
-
-def custom_optimizer(
-  name: str, config: configs_lib.Config, num_samples: int, total_steps: int
-) -> tuple[optax.GradientTransformation, bool]:
-  """Adam at large batch, without (``adam``) or with (``adam_lena``) LENA's layer ratios.
-
-  The rate follows the trainer's schedule (exponential decay to ``lr_decay`` on base steps
-  t*S). ``adam_lena`` multiplies each layer's Adam direction by its gain ratio r_k in [1, S]
-  and applies the state-aware warm-up (theta = alpha * T1); the building blocks read the
-  statistics of the raw gradients, so they can follow Adam. No weight decay (Adam's own).
-
-  Returns:
-    ``(tx, needs_stats)`` as ``train.create_optimizer`` does.
-  """
-  t1 = total_steps * num_samples
-  eta0, decay = config.learning_rate, config.lr_decay
-  schedule = lambda base_steps: eta0 * decay ** (base_steps / t1)
-  rate = ol.scale_by_learning_rate(schedule, clock="samples", num_samples=num_samples)
-  if name == "adam":
-    return optax.chain(optax.scale_by_adam(), rate), False
-  tx = optax.chain(
-    optax.scale_by_adam(),
-    ol.scale_by_lena(num_samples=num_samples),
-    ol.layerwise_warmup(config.warmup_alpha * t1, num_samples=num_samples),
-    rate,
-  )
-  return tx, True
-
-
-@contextlib.contextmanager
-def _optimizer_hook(spec: RunSpec) -> Iterator[None]:
-  """Temporarily makes the trainer build ``custom_optimizer`` for a custom run.
-
-  ``train_and_evaluate`` looks up ``create_optimizer`` in its module at call time, so
-  replacing the module attribute for the duration of one run is enough (single-threaded).
-  """
-  if spec.optimizer not in CUSTOM_OPTIMIZERS:
-    yield
-    return
-  original = train.create_optimizer
-  train.create_optimizer = lambda c, s, t: custom_optimizer(spec.optimizer, c, s, t)
-  try:
-    yield
-  finally:
-    train.create_optimizer = original
 
 
 def is_finished(workdir: Path) -> bool:
@@ -369,7 +347,7 @@ def run_grid(
       print(f"{head}: finished earlier, skipped", flush=True)
       continue
     t0 = time.perf_counter()
-    with _optimizer_hook(spec):
+    with optimizers.registered(*STUDY_OPTIMIZERS):
       train.train_and_evaluate(config, workdir)
     trained += 1
     final = train.read_metrics(workdir, "eval")[-1]
@@ -400,10 +378,10 @@ class RunResult:
 
   def reach(self, target: float) -> dict[str, float] | None:
     """Iteration, epoch and wall time of the first evaluation at >= target (None: never)."""
-    for r in self.evals:
-      if r["eval_accuracy"] >= target:
-        return {"iterations": r["iteration"], "epochs": r["epoch"], "wall": r["wall_time"]}
-    return None
+    r = analysis.first_reaching(self.evals, target)
+    if r is None:
+      return None
+    return {"iterations": r["iteration"], "epochs": r["epoch"], "wall": r["wall_time"]}
 
 
 def load_results(grid: list[RunSpec], out: Path) -> dict[RunSpec, RunResult]:
@@ -497,7 +475,7 @@ def table1(sm: Summary, p: Preset, seeds: Sequence[int], scales: Sequence[int]) 
     for opt, warm in PAPER_METHODS:
       c = sm.cells(sm.runs(seeds, optimizer=opt, batch_scale=s, warmup=warm))
       lines.append(
-        f"| {s} | {s * p.per_worker_batch} | {LABELS[opt]} ({warm}) | {c['n']} "
+        f"| {s} | {s * p.per_worker_batch} | {label_of(opt)} ({warm}) | {c['n']} "
         f"| {c['acc']} | {c['best']} | {c['epochs']} | {c['iterations']} | "
         f"{c['wall']} | {c['loose']} |"
       )
@@ -520,7 +498,7 @@ def table2(sm: Summary, p: Preset, seeds: Sequence[int]) -> str:
       for w in WARMUPS:
         c = sm.cells(sm.runs(seeds, optimizer=opt, batch_scale=s, warmup=w))
         row.append(f"{c['acc']} [{c['iterations']} / {c['loose']}]")
-      lines.append(f"| {LABELS[opt]} | " + " | ".join(row) + " |")
+      lines.append(f"| {label_of(opt)} | " + " | ".join(row) + " |")
     blocks.append("\n".join(lines))
   return "\n\n".join(blocks)
 
@@ -573,7 +551,7 @@ def table4(sm: Summary, p: Preset, seeds: Sequence[int]) -> str:
   ]
   if long:
     rows += [
-      (f"{LABELS[o]} ({w}), {long} epochs", dict(optimizer=o, warmup=w, epochs=long))
+      (f"{label_of(o)} ({w}), {long} epochs", dict(optimizer=o, warmup=w, epochs=long))
       for o, w in PAPER_METHODS
     ]
   rows += [
@@ -623,33 +601,25 @@ def plot_all(
   sm: Summary, p: Preset, seeds: Sequence[int], scales: Sequence[int], out: Path
 ) -> list[Path]:
   """Accuracy vs iterations per scale, accuracy at budget vs scale, LENA's warm-up ends."""
-  import matplotlib
-
-  matplotlib.use("Agg")  # files only
-  import matplotlib.pyplot as plt
-
+  plt = analysis.pyplot()
   paths = []
   base = sm.runs(seeds, optimizer="sgd", batch_scale=1, warmup="none")
   target = (TARGET_FRACTION * statistics.mean(r.final for r in base)) if base else None
+  base_label = label_of("sgd")
   for s in scales:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    if base:
-      ax.plot(*_mean_curve(base), color="k", label="SGD 1 worker")
+    curves = {base_label: _mean_curve(base)} if base else {}
     for opt, warm in PAPER_METHODS:
       runs = sm.runs(seeds, optimizer=opt, batch_scale=s, warmup=warm)
       if runs:
-        ax.plot(*_mean_curve(runs), label=f"{LABELS[opt]} ({warm}, {len(runs)} seeds)")
-    if target is not None:
-      ax.axhline(target, color="gray", ls=":", label="target (98% of 1 worker)")
-    ax.set(
-      xscale="log",
-      xlabel="iterations (updates)",
-      ylabel="test accuracy",
+        curves[f"{label_of(opt)} ({warm}, {len(runs)} seeds)"] = _mean_curve(runs)
+    hlines = [] if target is None else [(target, f"target ({TARGET_FRACTION:.0%} of 1 worker)")]
+    fig = analysis.plot_accuracy(
+      curves,
+      hlines,
       title=f"MNIST-1D, S={s} (batch {s * p.per_worker_batch}), {p.num_epochs} epochs",
+      colors={base_label: "k"},
     )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    paths.append(save_figure(fig, out / f"accuracy_vs_iterations_s{s}.png", dpi=110))
+    paths.append(analysis.save_figure(fig, out / f"accuracy_vs_iterations_s{s}.png", dpi=110))
 
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for opt, warm in PAPER_METHODS:
@@ -662,7 +632,7 @@ def plot_all(
         ys.append(statistics.mean(accs))
         es.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
     if xs:
-      ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=LABELS[opt])
+      ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label_of(opt))
   if base:
     ax.axhline(
       statistics.mean(r.final for r in base),
@@ -678,7 +648,7 @@ def plot_all(
   )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  paths.append(save_figure(fig, out / "accuracy_vs_scale.png", dpi=110))
+  paths.append(analysis.save_figure(fig, out / "accuracy_vs_scale.png", dpi=110))
 
   # LENA's per-layer warm-up end (paper Fig. 7), seed 0 of each Table-1 scale, as a fraction
   # of the run so that scales with different update counts share an axis.
@@ -687,28 +657,20 @@ def plot_all(
   }
   lena = {s: r[0] for s, r in lena.items() if r}
   if lena:
-    layers = list(next(iter(lena.values())).evals[-1].get("warmup_end_step", {}))
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(layers) * max(1, len(lena)) ** 0.5 + 2))
-    height = 0.8 / len(lena)
-    for j, (s, r) in enumerate(lena.items()):
-      ends = r.evals[-1].get("warmup_end_step", {})
-      fr = [(ends[k] if ends[k] >= 0 else r.total_steps) / r.total_steps for k in layers]
-      ax.barh(
-        [i + j * height for i in range(len(layers))],
-        fr,
-        height=height,
-        label=f"S={s} ({r.total_steps} iterations)",
-      )
-    ax.axvline(0.055, color="tab:red", ls="--", label="LSW fixed warm-up end (5.5%)")
-    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(layers))], layers, fontsize=7)
-    ax.invert_yaxis()
-    ax.set(
-      xlabel="fraction of the run at which the layer's warm-up ended (1 = never)",
-      title="LENA state-aware warm-up end per layer (cf. paper Fig. 7)",
+    fixed = configs_lib.Config().warmup_fraction  # LSW's W as a fraction of the run
+    fig = analysis.plot_warmup_ends(
+      {
+        f"S={s} ({r.total_steps} iterations)": (
+          r.evals[-1].get("warmup_end_step", {}),
+          r.total_steps,
+        )
+        for s, r in lena.items()
+      },
+      fraction=True,
+      fixed_end=fixed,
+      fixed_label=f"LSW fixed warm-up end ({fixed:.1%})",
     )
-    ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=8)
-    paths.append(save_figure(fig, out / "lena_warmup_end.png", dpi=110))
+    paths.append(analysis.save_figure(fig, out / "lena_warmup_end.png", dpi=110))
   return paths
 
 

@@ -15,6 +15,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
+class ConfigError(ValueError):
+  """A configuration that cannot run; the message says what to change."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Everything ``train_and_evaluate`` needs; the defaults are the MNIST-1D example.
@@ -39,9 +43,9 @@ class Config:
   dtype: str = "float32"  # computation dtype: 'float32' or 'bfloat16' (parameters stay f32)
 
   # Optimizer.
-  optimizer: str = "lena"  # 'sgd', 'lsw', 'adascale', 'lena', 'lars', 'lamb'
+  optimizer: str = "lena"  # a name of examples/optimizers.py's registry (sgd, lsw, lena, ...)
   # 'none', 'fixed' (W base steps), 'state_aware' (theta) or 'default' = the paper's choice
-  # for the optimizer (lsw: fixed, adascale: none, lena: state_aware, others: none).
+  # for the optimizer (its registry entry's paper_warmup: lsw fixed, lena state_aware, ...).
   warmup: str = "default"
   learning_rate: float = 0.1  # eta0, the rate of one worker at the per-worker batch
   momentum: float = 0.9

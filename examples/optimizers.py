@@ -1,0 +1,237 @@
+"""The optimizer registry: one entry per optimizer, read by every program of the repository.
+
+The trainer (``--set optimizer=NAME``), the demo, the reproduction study, the overhead benchmark
+and the notebook all build their optimizers here, so adding one is one :func:`register` call::
+
+  from examples import optimizers
+
+  optimizers.register(optimizers.Optimizer(
+    name="adam",
+    label="Adam",
+    build=lambda hp: optax.adam(hp.update_schedule()),
+  ))
+
+``build`` receives :class:`Hyperparams` (eta0, S, run length, warm-up, ...) and returns an
+Optax transformation. Every update is called with ``grad_stats=`` (the per-layer gradient
+statistics): Optax's ``chain`` forwards extra keyword arguments only to the members that accept
+them, so plain optimizers ignore it. To use a registered optimizer from the command line, put
+the ``register`` call in a configuration file and pass ``--config my_config.py`` (see
+``examples/configs/user_optimizer.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import optax_lena as ol
+
+WARMUPS = ("none", "fixed", "state_aware")
+GROUPINGS: dict[str, Any] = {"leaf": None, "module": "module"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyperparams:
+  """What an optimizer builder needs to know about the run.
+
+  The rate is the paper's exponential decay ``eta0 * lr_decay ** progress`` (``lr_decay=None``:
+  the constant ``eta0``). Warm-up lengths are fractions of T1 = ``total_steps x num_samples``,
+  the single-worker iterations of the same epoch budget: theta = ``warmup_alpha x T1`` for the
+  state-aware warm-up, W = ``warmup_fraction x T1`` base steps for the fixed one.
+  """
+
+  learning_rate: float  # eta0, the rate of one worker at the per-worker batch
+  num_samples: int = 1  # S, per-worker gradients per update
+  total_steps: int = 1  # updates of the run
+  momentum: float = 0.9
+  weight_decay: float = 0.0
+  lr_decay: float | None = 0.01
+  warmup: str = "none"  # 'none', 'fixed' or 'state_aware' (already resolved from 'default')
+  warmup_alpha: float = 0.05
+  warmup_fraction: float = 0.055
+  grouping: str = "leaf"  # LENA's ratios per 'leaf' (the paper) or per 'module'
+
+  @property
+  def base_steps_total(self) -> int:
+    """T1: the single-worker iterations of the run (updates x S)."""
+    return self.total_steps * self.num_samples
+
+  def sample_schedule(self) -> optax.ScalarOrSchedule:
+    """The rate as a function of base steps t * S (use with ``clock='samples'``), so the same
+    function of samples seen at every batch size."""
+    eta0, decay, t1 = self.learning_rate, self.lr_decay, self.base_steps_total
+    if decay is None:
+      return eta0
+    return lambda base_steps: eta0 * decay ** (base_steps / t1)
+
+  def update_schedule(self) -> optax.ScalarOrSchedule:
+    """The same decay on the update count, times the fixed warm-up factor when ``warmup ==
+    'fixed'`` (for optimizers without a warm-up of their own)."""
+    eta0, decay, total = self.learning_rate, self.lr_decay, self.total_steps
+    fixed = self.warmup == "fixed"
+    if decay is None and not fixed:
+      return eta0
+    warmup_updates = self.warmup_fraction * total  # W / S updates
+
+    def schedule(count: jax.Array) -> jax.Array:
+      rate = eta0 if decay is None else eta0 * decay ** (count / total)
+      if fixed:  # same factor as LSW's min(t S / W, 1), t = count + 1
+        rate = rate * jnp.minimum((count + 1) / warmup_updates, 1.0)
+      return rate
+
+    return schedule
+
+  def warmup_kwargs(self) -> dict[str, float]:
+    """``warmup_threshold=`` (state-aware) or ``warmup_steps=`` (fixed) for ``optax_lena``."""
+    if self.warmup == "state_aware":
+      return {"warmup_threshold": self.warmup_alpha * self.base_steps_total}
+    if self.warmup == "fixed":
+      return {"warmup_steps": self.warmup_fraction * self.base_steps_total}
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """One registry entry.
+
+  Attributes:
+    name: the configuration value (``optimizer=NAME``).
+    build: ``Hyperparams -> optax.GradientTransformation``.
+    label: the name in tables and plots.
+    paper_warmup: the warm-up the paper pairs with it (``warmup=default`` picks it).
+    diagnostics: its state carries LENA/AdaScale statistics, so the trainer logs
+      ``ol.diagnostics`` (per-layer rate multipliers, gain ratios, warm-up ends).
+    warmups: the warm-ups ``build`` implements (``state_aware`` needs gradient statistics).
+  """
+
+  name: str
+  build: Callable[[Hyperparams], optax.GradientTransformation]
+  label: str
+  paper_warmup: str = "none"
+  diagnostics: bool = False
+  warmups: tuple[str, ...] = ("none", "fixed")
+
+
+_REGISTRY: dict[str, Optimizer] = {}
+
+
+def register(optimizer: Optimizer, *, replace: bool = False) -> Optimizer:
+  """Adds ``optimizer`` to the registry (``replace=True`` overwrites an entry of that name)."""
+  if optimizer.name in _REGISTRY and not replace:
+    raise ValueError(f"Optimizer {optimizer.name!r} is already registered.")
+  unknown = set(optimizer.warmups) - set(WARMUPS) or {optimizer.paper_warmup} - set(WARMUPS)
+  if unknown or optimizer.paper_warmup not in optimizer.warmups:
+    raise ValueError(
+      f"Optimizer {optimizer.name!r}: warm-ups must be among {', '.join(WARMUPS)} and include "
+      f"paper_warmup {optimizer.paper_warmup!r}."
+    )
+  _REGISTRY[optimizer.name] = optimizer
+  return optimizer
+
+
+@contextlib.contextmanager
+def registered(*entries: Optimizer) -> Iterator[None]:
+  """Registers ``entries`` for the duration of a ``with`` block (a study's own variants)."""
+  previous = {e.name: _REGISTRY.get(e.name) for e in entries}
+  for e in entries:
+    register(e, replace=True)
+  try:
+    yield
+  finally:
+    for name, old in previous.items():
+      if old is None:
+        del _REGISTRY[name]
+      else:
+        _REGISTRY[name] = old
+
+
+def names() -> tuple[str, ...]:
+  """The registered names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def get(name: str) -> Optimizer:
+  """The entry of ``name``; ValueError listing the valid names if there is none."""
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ValueError(
+      f"Unknown optimizer {name!r}; valid optimizers: {', '.join(_REGISTRY)}."
+    ) from None
+
+
+def build(name: str, hp: Hyperparams) -> optax.GradientTransformationExtraArgs:
+  """The transformation of ``name``, checked against its warm-ups.
+
+  Returns:
+    A transformation whose update accepts (and forwards to those that take it) ``grad_stats=``.
+
+  Raises:
+    ValueError: unknown name or unsupported warm-up (the message says what to use instead).
+  """
+  entry = get(name)
+  if hp.warmup not in entry.warmups:
+    stats = [o.name for o in _REGISTRY.values() if hp.warmup in o.warmups]
+    raise ValueError(
+      f"warmup={hp.warmup!r} is not implemented by optimizer {name!r} (it has "
+      f"{', '.join(entry.warmups)}); the state-aware warm-up needs gradient statistics. "
+      f"Optimizers with warmup={hp.warmup!r}: {', '.join(stats)}."
+    )
+  # A no-op for chains (already GradientTransformationExtraArgs); makes a bare transformation
+  # accept (and ignore) grad_stats=.
+  return optax.with_extra_args_support(entry.build(hp))
+
+
+# ----------------------------------------------------------------------------------------------
+# The built-in entries
+# ----------------------------------------------------------------------------------------------
+
+
+def _large_batch(rule: Callable[..., optax.GradientTransformation]) -> Callable[..., Any]:
+  """Builder of an ``optax_lena`` alias: momentum SGD, rate on the sample clock (paper)."""
+
+  def build_fn(hp: Hyperparams) -> optax.GradientTransformation:
+    kw: dict[str, Any] = dict(
+      momentum=hp.momentum,
+      weight_decay=hp.weight_decay,
+      clock="samples",
+      num_samples=hp.num_samples,
+      **hp.warmup_kwargs(),
+    )
+    if rule is ol.lena:
+      kw["grouping"] = GROUPINGS[hp.grouping]
+    return rule(hp.sample_schedule(), **kw)
+
+  return build_fn
+
+
+def _sgd(hp: Hyperparams) -> optax.GradientTransformation:
+  """The single-worker baseline: momentum SGD with coupled weight decay (PyTorch semantics)."""
+  return optax.chain(
+    optax.add_decayed_weights(hp.weight_decay),
+    optax.sgd(hp.update_schedule(), momentum=hp.momentum),
+  )
+
+
+_STATS_WARMUPS = ("none", "fixed", "state_aware")
+for _entry in (
+  Optimizer("sgd", _sgd, "SGD 1 worker"),
+  Optimizer("lsw", _large_batch(ol.linear_scaling), "LSW", "fixed", True, _STATS_WARMUPS),
+  Optimizer("adascale", _large_batch(ol.adascale), "AdaScale", "none", True, _STATS_WARMUPS),
+  Optimizer("lena", _large_batch(ol.lena), "LENA", "state_aware", True, _STATS_WARMUPS),
+  Optimizer(
+    "lars",
+    lambda hp: optax.lars(hp.update_schedule(), weight_decay=hp.weight_decay, momentum=hp.momentum),
+    "LARS",
+  ),
+  Optimizer(
+    "lamb", lambda hp: optax.lamb(hp.update_schedule(), weight_decay=hp.weight_decay), "LAMB"
+  ),
+):
+  register(_entry)
