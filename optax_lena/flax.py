@@ -1,0 +1,287 @@
+"""Flax integration: a linen ``TrainState`` that passes the statistics on, and per-worker
+gradients with statistics for Flax NNX and linen models (BatchNorm and Dropout included).
+
+This is the only module of ``optax_lena`` that imports flax (``pip install flax``, 0.12 or
+later); ``import optax_lena`` does not import it.
+
+* :class:`TrainState`: a drop-in for ``flax.training.train_state.TrainState`` whose
+  ``apply_gradients(grads=grads, grad_stats=stats)`` hands the statistics to
+  ``tx.update(..., grad_stats=stats)``. Flax's own ``apply_gradients`` would pass them to
+  ``.replace()`` instead, and the optimizer would then ask for them.
+* :func:`nnx_grad_stats`: for an NNX model and a batch with a leading worker axis S, the mean
+  loss, the mean gradient and the :class:`optax_lena.GradStats` of the S per-worker gradients,
+  for ``nnx.Optimizer(model, ol.lena(...), wrt=nnx.Param).update(model, grads,
+  grad_stats=stats)``. The model's batch statistics are updated with their mean over workers.
+* :func:`linen_grad_stats`: the same for a linen model's ``params`` and ``batch_stats``.
+
+Both helpers ``jax.vmap`` over the worker axis: under ``jit`` with that axis sharded across
+devices (``NamedSharding(mesh, P("batch"))``, parameters replicated), XLA runs the workers in
+parallel and reduces their gradients and statistics with all-reduces (the GSPMD path of
+``ol.stacked_grad_stats``). The per-worker gradients exist as one ``[S, ...]`` array per
+parameter; with S larger than the number of devices, memory grows with S (use
+``ol.accumulate_grad_stats`` inside ``shard_map`` for a sequential accumulation instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from flax.training import train_state
+
+from optax_lena._src import stats as stats_lib
+
+PyTree = Any
+__all__ = ["TrainState", "linen_grad_stats", "nnx_grad_stats"]
+
+
+class TrainState(train_state.TrainState):
+  """``flax.training.train_state.TrainState`` whose ``apply_gradients`` takes ``grad_stats``.
+
+  Same fields, ``create`` and pytree behaviour as Flax's (it is a subclass); subclass it to add
+  fields, e.g. ``batch_stats: Any``.
+
+  Example::
+
+    state = optax_lena.flax.TrainState.create(
+      apply_fn=model.apply, params=variables["params"], tx=ol.lena(0.1, warmup_threshold=50.0)
+    )
+    stacked = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(state.params, worker_batches)
+    grads, stats = ol.stacked_grad_stats(stacked)
+    state = state.apply_gradients(grads=grads, grad_stats=stats)
+  """
+
+  def apply_gradients(self, *, grads: PyTree, grad_stats: Any = None, **kwargs: Any) -> Any:
+    """Updates ``step``, ``params`` and ``opt_state``; ``**kwargs`` are ``.replace()``-ed.
+
+    Args:
+      grads: the mean gradient, shaped like ``params``.
+      grad_stats: the :class:`optax_lena.GradStats` of the per-worker gradients, passed to
+        ``tx.update(grads, opt_state, params, grad_stats=grad_stats)``; ``None`` calls
+        ``tx.update`` without it (for transformations that need no statistics).
+      **kwargs: other fields to replace, as in Flax (e.g. ``batch_stats=...``).
+
+    Returns:
+      The new state, with ``step`` incremented by one.
+    """
+    if grad_stats is not None and not isinstance(grad_stats, stats_lib.GradStats):
+      raise TypeError(
+        f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
+        "ol.stacked_grad_stats, ol.all_reduce_grad_stats or optax_lena.flax.linen_grad_stats."
+      )
+    extra = {} if grad_stats is None else {"grad_stats": grad_stats}
+    overwrite = train_state.OVERWRITE_WITH_GRADIENT
+    if overwrite in grads:
+      grads_with_opt, params_with_opt = grads["params"], self.params["params"]
+      if grad_stats is not None:
+        extra["grad_stats"] = _sub_stats(grad_stats, "params")
+    else:
+      grads_with_opt, params_with_opt = grads, self.params
+    updates, new_opt_state = self.tx.update(
+      grads_with_opt, self.opt_state, params_with_opt, **extra
+    )
+    new_params_with_opt = optax.apply_updates(params_with_opt, updates)
+    if overwrite in grads:
+      new_params = {"params": new_params_with_opt, overwrite: grads[overwrite]}
+    else:
+      new_params = new_params_with_opt
+    return self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state, **kwargs)
+
+
+def _sub_stats(grad_stats: stats_lib.GradStats, key: str) -> stats_lib.GradStats:
+  """The statistics of ``grads[key]`` (Flax's fp8 ``OVERWRITE_WITH_GRADIENT`` layout)."""
+  sub = lambda tree: tree[key] if isinstance(tree, dict) and key in tree else tree
+  return stats_lib.GradStats(
+    sub(grad_stats.sq_norm_mean), grad_stats.num_samples, sub(grad_stats.mean_grad_sq_norm)
+  )
+
+
+def _num_workers(worker_batches: PyTree, who: str) -> int:
+  leaves = jax.tree.leaves(worker_batches)
+  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+  if not leaves or len(sizes) != 1 or None in sizes:
+    raise ValueError(
+      f"{who} needs worker_batches whose every leaf has the same leading worker axis S, got "
+      f"leading sizes {sorted(str(s) for s in sizes)}. Reshape the global batch to "
+      "[S, per_worker_batch, ...], e.g. x.reshape(S, -1, *x.shape[1:])."
+    )
+  (s,) = sizes
+  return int(s)
+
+
+def _worker_keys(key: jax.Array, num_workers: int) -> jax.Array:
+  """Worker i's key: ``jax.random.fold_in(key, i)``, stacked on a leading axis."""
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_workers))
+
+
+def _mean_over_workers(x: jax.Array) -> jax.Array:
+  """Floating state (batch statistics) is averaged over workers, as data-parallel training
+  does with ``pmean``; integer state (e.g. RNG counters, equal on every worker) is worker 0's."""
+  if jnp.issubdtype(x.dtype, jnp.inexact):
+    return jnp.mean(x, axis=0).astype(x.dtype)
+  return x[0]
+
+
+def _split_loss(out: Any, has_aux: bool, who: str) -> tuple[jax.Array, Any]:
+  if has_aux:
+    if not (isinstance(out, tuple) and len(out) == 2):
+      raise ValueError(f"{who}: with has_aux=True loss_fn must return (loss, aux).")
+    return out
+  if isinstance(out, tuple):
+    raise ValueError(
+      f"{who}: loss_fn returned a tuple; pass has_aux=True when it returns (loss, aux)."
+    )
+  return out, None
+
+
+def nnx_grad_stats(
+  loss_fn: Callable[..., Any],
+  model: nnx.Module,
+  worker_batches: PyTree,
+  *args: Any,
+  wrt: Any = nnx.Param,
+  has_aux: bool = False,
+) -> tuple[Any, PyTree, stats_lib.GradStats]:
+  """Per-worker gradients of an NNX model, their mean and statistics, in one ``vmap``.
+
+  Every worker i runs ``loss_fn(model_i, worker_batches[i], *args)`` on its own copy of the
+  model (same parameters) and differentiates it with respect to the ``wrt`` variables. The
+  copies' other state is handled as data-parallel training does: BatchNorm normalises with the
+  worker's own batch, and the model's ``BatchStat`` variables (any floating non-``wrt`` state)
+  become the mean over workers of the workers' updated values; integer state (RNG counters) is
+  worker 0's. Each RNG stream of the model (e.g. ``nnx.Dropout(rate, rngs=rngs)``) draws on
+  worker i from ``jax.random.fold_in(key, i)``, so the workers' dropout masks differ; keys passed
+  in ``*args`` are the same for every worker. Call ``model.train()`` / ``model.eval()`` before,
+  as usual.
+
+  Works eagerly, under ``nnx.jit`` and inside ``jax.jit`` after ``nnx.merge``; shard the worker
+  axis of ``worker_batches`` across devices to run the workers in parallel (GSPMD).
+
+  Example::
+
+    optimizer = nnx.Optimizer(model, ol.lena(0.1, warmup_threshold=50.0), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):  # x: [S, per_worker_batch, ...]
+      loss, grads, stats = optax_lena.flax.nnx_grad_stats(loss_fn, model, (x, y))
+      optimizer.update(model, grads, grad_stats=stats)
+      return loss
+
+  Args:
+    loss_fn: ``loss_fn(model, batch, *args) -> loss`` (or ``(loss, aux)`` with ``has_aux``),
+      with ``batch`` one worker's slice of ``worker_batches``.
+    model: the NNX model; its non-``wrt`` state (batch statistics, RNG counters) is updated in
+      place.
+    worker_batches: a pytree whose leaves have a leading worker axis of size S.
+    *args: passed unchanged to every worker's ``loss_fn``.
+    wrt: the ``nnx`` filter of the variables to differentiate (as for ``nnx.Optimizer``).
+    has_aux: whether ``loss_fn`` returns ``(loss, aux)``; aux is averaged over workers.
+
+  Returns:
+    ``(loss, grads, stats)``: the loss averaged over workers (``(loss, aux)`` with
+    ``has_aux``), the mean gradient as an ``nnx.State`` shaped like ``nnx.state(model, wrt)``,
+    and the :class:`optax_lena.GradStats` of the S per-worker gradients.
+  """
+  who = "optax_lena.flax.nnx_grad_stats"
+  num_workers = _num_workers(worker_batches, who)
+  graphdef, params, keys, rest = nnx.split(model, wrt, nnx.RngKey, ...)
+  worker_keys = jax.tree.map(lambda k: _worker_keys(k, num_workers), keys)
+
+  def worker(params, keys, rest, batch):
+    def loss_of(params):
+      # copy=True: fresh Variables at this trace level, so BatchNorm may update its statistics
+      # inside vmap and grad (the caller's Variables belong to an outer trace).
+      local = nnx.merge(graphdef, params, keys, rest, copy=True)
+      loss, aux = _split_loss(loss_fn(local, batch, *args), has_aux, who)
+      *_, new_rest = nnx.split(local, wrt, nnx.RngKey, ...)
+      return loss, (aux, new_rest)
+
+    (loss, (aux, new_rest)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+    return loss, aux, grads, new_rest
+
+  losses, auxes, stacked, new_rests = jax.vmap(worker, in_axes=(None, 0, None, 0))(
+    params, worker_keys, rest, worker_batches
+  )
+  grads, grad_stats = stats_lib.stacked_grad_stats(stacked)
+  nnx.update(model, jax.tree.map(_mean_over_workers, new_rests))
+  loss = jnp.mean(losses)
+  if has_aux:
+    return (loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), auxes)), grads, grad_stats
+  return loss, grads, grad_stats
+
+
+def linen_grad_stats(
+  loss_fn: Callable[..., Any],
+  params: PyTree,
+  batch_stats: PyTree,
+  worker_batches: PyTree,
+  rng: jax.Array | None = None,
+  *,
+  has_aux: bool = False,
+) -> tuple[Any, PyTree, stats_lib.GradStats, PyTree]:
+  """Per-worker gradients of a linen model, their mean and statistics, and mean batch stats.
+
+  Every worker i evaluates ``loss_fn(params, batch_stats, worker_batches[i], rng_i)`` with
+  ``rng_i = jax.random.fold_in(rng, i)`` (``None`` when ``rng`` is ``None``), which returns the
+  loss and the worker's updated ``batch_stats`` (``model.apply(..., mutable=["batch_stats"])``);
+  the new batch statistics are their mean over workers, as ``lax.pmean`` of the batch
+  statistics gives in data-parallel training. Shard the worker axis across devices under
+  ``jit`` to run the workers in parallel (GSPMD).
+
+  Example::
+
+    def loss_fn(params, batch_stats, batch, rng):
+      logits, updates = model.apply(
+        {"params": params, "batch_stats": batch_stats}, batch["x"], train=True,
+        mutable=["batch_stats"], rngs={"dropout": rng},
+      )
+      return cross_entropy(logits, batch["y"]), updates["batch_stats"]
+
+    loss, grads, stats, batch_stats = optax_lena.flax.linen_grad_stats(
+      loss_fn, state.params, state.batch_stats, worker_batches, rng
+    )
+    state = state.apply_gradients(grads=grads, grad_stats=stats, batch_stats=batch_stats)
+
+  Args:
+    loss_fn: ``loss_fn(params, batch_stats, batch, rng) -> (loss, new_batch_stats)``, or
+      ``(loss, (new_batch_stats, aux))`` with ``has_aux``.
+    params: the parameters to differentiate.
+    batch_stats: the model's ``batch_stats`` collection (any pytree; ``{}`` without BatchNorm).
+    worker_batches: a pytree whose leaves have a leading worker axis of size S.
+    rng: a PRNG key split per worker with ``fold_in``, or ``None``.
+    has_aux: whether ``loss_fn`` also returns aux (averaged over workers).
+
+  Returns:
+    ``(loss, grads, stats, new_batch_stats)``: the loss averaged over workers (``(loss, aux)``
+    with ``has_aux``), the mean gradient, the :class:`optax_lena.GradStats` of the S
+    per-worker gradients and the worker-mean batch statistics.
+  """
+  who = "optax_lena.flax.linen_grad_stats"
+  num_workers = _num_workers(worker_batches, who)
+  keys = None if rng is None else _worker_keys(rng, num_workers)
+
+  def loss_of(params, batch, key):
+    out = loss_fn(params, batch_stats, batch, key)
+    if not (isinstance(out, tuple) and len(out) == 2):
+      raise ValueError(
+        f"{who}: loss_fn must return (loss, new_batch_stats) (with has_aux: (loss, "
+        "(new_batch_stats, aux))); return batch_stats unchanged for models without BatchNorm."
+      )
+    loss, rest = out
+    new_batch_stats, aux = rest if has_aux else (rest, None)
+    return loss, (new_batch_stats, aux)
+
+  grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+  (losses, (new_stats, auxes)), stacked = jax.vmap(
+    grad_fn, in_axes=(None, 0, None if keys is None else 0)
+  )(params, worker_batches, keys)
+  grads, grad_stats = stats_lib.stacked_grad_stats(stacked)
+  new_batch_stats = jax.tree.map(_mean_over_workers, new_stats)
+  loss = jnp.mean(losses)
+  if has_aux:
+    loss = (loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), auxes))
+  return loss, grads, grad_stats, new_batch_stats
