@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test lint format demo clean
+.PHONY: install test lint typecheck format demo clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +21,13 @@ install: $(STAMP)
 lint: install
 	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
 
+typecheck: install
+	$(VENV)/bin/mypy
+
 format: install
 	$(VENV)/bin/ruff format .
 
-test: install
+test: install typecheck
 	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q tests

@@ -109,8 +109,7 @@ def _num_workers(worker_batches: PyTree, who: str) -> int:
       f"leading sizes {sorted(str(s) for s in sizes)}. Reshape the global batch to "
       "[S, per_worker_batch, ...], e.g. x.reshape(S, -1, *x.shape[1:])."
     )
-  (s,) = sizes
-  return int(s)
+  return int(next(iter(sizes)) or 0)
 
 
 def _worker_keys(key: jax.Array, num_workers: int) -> jax.Array:
@@ -188,7 +187,8 @@ def nnx_grad_stats(
   """
   who = "optax_lena.flax.nnx_grad_stats"
   num_workers = _num_workers(worker_batches, who)
-  graphdef, params, keys, rest = nnx.split(model, wrt, nnx.RngKey, ...)
+  parts: Any = nnx.split(model, wrt, nnx.RngKey, ...)
+  graphdef, params, keys, rest = parts[0], parts[1], parts[2], parts[3]
   worker_keys = jax.tree.map(lambda k: _worker_keys(k, num_workers), keys)
 
   def worker(params, keys, rest, batch):
@@ -197,7 +197,7 @@ def nnx_grad_stats(
       # inside vmap and grad (the caller's Variables belong to an outer trace).
       local = nnx.merge(graphdef, params, keys, rest, copy=True)
       loss, aux = _split_loss(loss_fn(local, batch, *args), has_aux, who)
-      *_, new_rest = nnx.split(local, wrt, nnx.RngKey, ...)
+      new_rest = nnx.split(local, wrt, nnx.RngKey, ...)[-1]
       return loss, (aux, new_rest)
 
     (loss, (aux, new_rest)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
@@ -281,7 +281,7 @@ def linen_grad_stats(
   )(params, worker_batches, keys)
   grads, grad_stats = stats_lib.stacked_grad_stats(stacked)
   new_batch_stats = jax.tree.map(_mean_over_workers, new_stats)
-  loss = jnp.mean(losses)
+  loss: Any = jnp.mean(losses)
   if has_aux:
     loss = (loss, jax.tree.map(lambda a: jnp.mean(a, axis=0), auxes))
   return loss, grads, grad_stats, new_batch_stats

@@ -50,8 +50,12 @@ def noise_scale(sq_norm_mean: jax.Array, mean_grad_sq_norm: jax.Array, s: jax.Ar
 def _find_states(opt_state: PyTree) -> dict[type, list[Any]]:
   found: dict[type, list[Any]] = {t: [] for t in _STATES}
   for kind in _STATES:
-    for leaf in jax.tree.leaves(opt_state, is_leaf=lambda x, kind=kind: isinstance(x, kind)):
-      if isinstance(leaf, kind):
+
+    def is_kind(x: Any, kind: type = kind) -> bool:
+      return isinstance(x, kind)
+
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_kind):
+      if is_kind(leaf):
         found[kind].append(leaf)
   # The warm-up's private copy of its rule's state is not a rule of its own.
   inner = {id(w.ratio_state) for w in found[warmup.LayerwiseWarmupState]}

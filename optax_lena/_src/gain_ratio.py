@@ -41,7 +41,7 @@ class GainRatioState(NamedTuple):
     num_samples: S of the last update (int32; 0 before the first).
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as in optax's states
   sq_norm_mean_avg: jax.Array
   mean_grad_sq_norm_avg: jax.Array
   ratio: jax.Array
@@ -138,6 +138,7 @@ def statistics_vectors(
 ) -> tuple[jax.Array, jax.Array, int]:
   """Per-leaf ``top`` and ``bot`` (Eq. 4) as float32 vectors, and S, validated."""
   checks.check_grad_stats(grad_stats, expected_num_samples)
+  assert grad_stats is not None  # for the type checker: check_grad_stats raised otherwise
   top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
   if grad_stats.mean_grad_sq_norm is None:
     bot = [stats.sq_norm(u) for _, u in tree_utils.active_leaves_with_path(updates)]

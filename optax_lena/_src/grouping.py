@@ -33,7 +33,7 @@ def group_by_module(path: tuple[str, ...], leaf: Any) -> Hashable:
 class Groups(NamedTuple):
   """Static assignment of the active leaves to groups, in leaf order."""
 
-  index: tuple[int, ...]  # group id of each leaf, ids numbered by first appearance
+  index: tuple[int, ...]  # type: ignore[assignment]  # group id of each leaf, ids by first appearance
   num_groups: int
 
   @property

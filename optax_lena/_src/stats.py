@@ -109,7 +109,7 @@ def stacked_grad_stats(
       f"got leading sizes {sorted(str(s) for s in sizes)}. Stack the per-worker gradients with "
       "jax.vmap or jnp.stack on axis 0."
     )
-  (num_stacked,) = sizes
+  num_stacked = int(next(iter(sizes)) or 0)
 
   def per_leaf(g):
     acc = jnp.promote_types(g.dtype, jnp.float32)
@@ -273,7 +273,7 @@ def accumulate_grad_stats(
       "accumulate_grad_stats needs every micro_batches leaf to have the same leading axis K; "
       f"got {sorted(str(s) for s in sizes)}. Reshape the batch to [K, micro_batch, ...]."
     )
-  (k,) = sizes
+  k = int(next(iter(sizes)) or 0)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
 
   def step(carry, batch):

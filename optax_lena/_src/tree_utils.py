@@ -37,7 +37,8 @@ def is_masked(x: Any) -> bool:
 
 
 def check_same_structure(tree: PyTree, reference: PyTree, what: str) -> None:
-  if jax.tree.structure(tree) != jax.tree.structure(reference):
+  treedef: Any = jax.tree.structure(tree)
+  if treedef != jax.tree.structure(reference):
     raise ValueError(
       f"The tree structure of {what} does not match the gradients: "
       f"{jax.tree.structure(tree)} vs {jax.tree.structure(reference)}. Compute the statistics "
