@@ -14,14 +14,26 @@ from optax_lena._src.aladdin.server import (
   ServerState,
   parameter_server,
 )
+from optax_lena._src.aladdin.sharding import (
+  ShardedParameterServer,
+  ShardedServerState,
+  ShardSpec,
+  shard_params,
+  sharded_parameter_server,
+)
 from optax_lena._src.aladdin.worker import local_optimizer, local_step, worker_merge
 
 __all__ = [
   "ParameterServer",
   "Reply",
   "ServerState",
+  "ShardSpec",
+  "ShardedParameterServer",
+  "ShardedServerState",
   "local_optimizer",
   "local_step",
   "parameter_server",
+  "shard_params",
+  "sharded_parameter_server",
   "worker_merge",
 ]
