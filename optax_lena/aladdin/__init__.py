@@ -8,6 +8,18 @@ its own (Eq. 3). Pure, jittable building blocks: the server (:func:`parameter_se
 memory-wise parameter sharding (:func:`shard_params`) and the paper's baselines.
 """
 
+from optax_lena._src.aladdin.baselines import (
+  SGP,
+  ASPServer,
+  ASPState,
+  EASGDServer,
+  EASGDState,
+  SGPState,
+  ar_sgd_mean,
+  asp_server,
+  easgd_server,
+  sgp,
+)
 from optax_lena._src.aladdin.server import (
   ParameterServer,
   Reply,
@@ -24,15 +36,25 @@ from optax_lena._src.aladdin.sharding import (
 from optax_lena._src.aladdin.worker import local_optimizer, local_step, worker_merge
 
 __all__ = [
+  "SGP",
+  "ASPServer",
+  "ASPState",
+  "EASGDServer",
+  "EASGDState",
   "ParameterServer",
   "Reply",
+  "SGPState",
   "ServerState",
   "ShardSpec",
   "ShardedParameterServer",
   "ShardedServerState",
+  "ar_sgd_mean",
+  "asp_server",
+  "easgd_server",
   "local_optimizer",
   "local_step",
   "parameter_server",
+  "sgp",
   "shard_params",
   "sharded_parameter_server",
   "worker_merge",

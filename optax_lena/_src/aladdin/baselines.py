@@ -1,0 +1,380 @@
+"""The baselines of the ALADDIN paper in the same pure, jittable terms: AR-SGD, ASP (Hogwild),
+EASGD and SGP.
+
+All of them, as in the paper's comparison (Section 4), run with the same data, model, local
+optimizer (momentum SGD 0.9, weight decay 1e-4, :func:`local_optimizer`) and schedule as
+ALADDIN; only the way the workers' models are combined differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_lena._src.aladdin import checks
+from optax_lena._src.aladdin.server import all_finite
+
+PyTree = Any
+
+
+def _compute_dtype(dtype: Any) -> Any:
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+# ----------------------------------------------------------------------------------- AR-SGD
+
+
+def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> PyTree:
+  """AR-SGD's all-reduce: the mean of the n workers' gradients of one iteration.
+
+  AR-SGD is synchronous: every iteration waits for all n gradients, averages them (the
+  all-reduce) and every worker applies the same Optax update to the same model, so all workers
+  stay identical::
+
+    g = al.ar_sgd_mean([g_0, ..., g_{n-1}])
+    updates, opt_state = tx.update(g, opt_state, params)   # tx = al.local_optimizer(eta)
+    params = optax.apply_updates(params, updates)
+
+  Inside ``pmap``/``shard_map`` the same mean is ``jax.lax.pmean(g, axis_name)``.
+
+  Args:
+    grads: a sequence of n gradient trees, or (``stacked=True``) one tree whose leaves have a
+      leading worker axis of size n.
+    stacked: whether ``grads`` is stacked.
+
+  Returns:
+    The mean gradient tree (float32 accumulation for lower-precision leaves, cast back).
+
+  References:
+    Ko et al., ALADDIN, CIKM 2021, Section 4 (AR-SGD baseline).
+  """
+
+  def mean(x, axis=0):
+    return jnp.mean(x.astype(_compute_dtype(x.dtype)), axis=axis).astype(x.dtype)
+
+  if stacked:
+    return jax.tree.map(mean, grads)
+  if not isinstance(grads, list | tuple) or not grads:
+    raise TypeError(
+      "grads must be a non-empty list of per-worker gradient trees, or pass stacked=True for "
+      "one tree with a leading worker axis."
+    )
+  structure = jax.tree.structure(grads[0])
+  for k, g in enumerate(grads):
+    if jax.tree.structure(g) != structure:
+      raise ValueError(
+        f"Worker {k}'s gradient tree {jax.tree.structure(g)} differs from worker 0's "
+        f"{structure}: every worker must send the gradient of the same parameter pytree."
+      )
+  return jax.tree.map(lambda *xs: mean(jnp.stack(xs)), *grads)
+
+
+# -------------------------------------------------------------------------------------- ASP
+
+
+class ASPState(NamedTuple):
+  """State of :func:`asp_server`.
+
+  Attributes:
+    params: the global model x~.
+    opt_state: the state of ``server_tx``.
+    num_rejected: messages with a non-finite gradient (ignored; int32).
+    num_updates: steps applied (int32).
+  """
+
+  params: PyTree
+  opt_state: optax.OptState
+  num_rejected: jax.Array
+  num_updates: jax.Array
+
+
+class ASPServer(NamedTuple):
+  """ASP (Hogwild) server: ``init(params)``, ``receive(state, grads, worker) -> (state, x~)``."""
+
+  init: Callable[[PyTree], ASPState]
+  receive: Callable[[ASPState, PyTree, Any], tuple[ASPState, PyTree]]
+
+
+def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
+  """ASP / Hogwild, the symmetric asynchronous parameter server.
+
+  A worker computes a gradient on its copy of the model, sends it and WAITS: the server applies
+  the step at once, ``x~ <- x~ + server_tx(g)`` (``optax.sgd(eta)``: ``x~ - eta g``), and sends
+  x~ back; the worker replaces its model with it and starts the next iteration from there. The
+  workers' local optimizer is not used: the server's ``server_tx`` (the paper: momentum SGD,
+  weight decay, schedule) is the only optimizer. A gradient with a NaN or an Inf is ignored
+  (``num_rejected`` + 1, x~ returned unchanged).
+
+  Args:
+    server_tx: the Optax transformation applied to every gradient.
+
+  Returns:
+    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, params)``, ``params`` the
+    new x~ that the worker adopts. ``worker`` is accepted for the interface of the other servers
+    and not used.
+
+  References:
+    Recht et al., Hogwild!, NeurIPS 2011; Ko et al., ALADDIN, CIKM 2021, Section 4 (ASP).
+  """
+  if not isinstance(server_tx, optax.GradientTransformation):
+    raise TypeError(
+      f"server_tx must be an Optax GradientTransformation (e.g. optax.sgd(eta)), got "
+      f"{type(server_tx).__name__}."
+    )
+
+  def init_fn(params: PyTree) -> ASPState:
+    zero = jnp.zeros([], jnp.int32)
+    return ASPState(params, server_tx.init(params), zero, zero)
+
+  def receive_fn(state: ASPState, grads: PyTree, worker: Any = 0) -> tuple[ASPState, PyTree]:
+    del worker
+    checks.check_like_params(
+      grads, state.params, "grads", "Send the gradient of the server's parameter pytree."
+    )
+    finite = all_finite(grads)
+    updates, opt_state = server_tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+
+    def keep(new, old):
+      return jnp.where(finite, new, old)
+
+    state = ASPState(
+      params=jax.tree.map(keep, params, state.params),
+      opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+      num_rejected=state.num_rejected + jnp.where(finite, 0, 1).astype(jnp.int32),
+      num_updates=state.num_updates + finite.astype(jnp.int32),
+    )
+    return state, state.params
+
+  return ASPServer(init_fn, receive_fn)
+
+
+# ------------------------------------------------------------------------------------ EASGD
+
+
+class EASGDState(NamedTuple):
+  """State of :func:`easgd_server`: the center variable x~ and the number of exchanges."""
+
+  params: PyTree
+  num_exchanges: jax.Array
+
+
+class EASGDServer(NamedTuple):
+  """EASGD server: ``init(params)``, ``exchange(state, local_params, worker)``."""
+
+  init: Callable[[PyTree], EASGDState]
+  exchange: Callable[[EASGDState, PyTree, Any], tuple[EASGDState, PyTree]]
+  num_workers: int
+  beta: float
+  tau: int
+
+
+def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -> EASGDServer:
+  """Asynchronous elastic averaging SGD (EASGD), the symmetric elastic exchange.
+
+  Every worker trains its own model with the local optimizer and, after every ``tau``-th local
+  step (local iteration t with ``t % tau == 0``), exchanges with the server and waits for the
+  answer; with ``d = x_i - x~`` (the same x_i on both sides)::
+
+    x_i <- x_i - beta d,    x~ <- x~ + beta d.
+
+  The paper's configuration: tau = 2 and the moving rate beta = 0.9 / n.
+
+  Args:
+    num_workers: n.
+    beta: the moving rate in (0, 1]; None for 0.9 / n.
+    tau: the communication period in local steps (>= 1); kept on the server for the caller.
+
+  Returns:
+    An :class:`EASGDServer`; ``exchange(state, local_params, worker) -> (state,
+    new_local_params)`` (leaf dtypes preserved; the computation is in float32 or wider).
+
+  References:
+    Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015
+    (asynchronous EASGD, Algorithm 1); Ko et al., ALADDIN, CIKM 2021, Section 4.
+  """
+  num_workers = checks.check_num_workers(num_workers)
+  if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
+    raise ValueError(f"tau must be an int >= 1 (local steps between exchanges), got {tau!r}.")
+  if beta is None:
+    beta = 0.9 / num_workers
+  if isinstance(beta, bool) or not 0.0 < float(beta) <= 1.0:
+    raise ValueError(
+      f"beta must be in (0, 1] (the elastic moving rate; the paper uses 0.9 / n), got {beta!r}."
+    )
+  beta = float(beta)
+
+  def init_fn(params: PyTree) -> EASGDState:
+    return EASGDState(params, jnp.zeros([], jnp.int32))
+
+  def exchange_fn(
+    state: EASGDState, local_params: PyTree, worker: Any
+  ) -> tuple[EASGDState, PyTree]:
+    checks.check_worker(worker, num_workers)
+    checks.check_like_params(
+      local_params, state.params, "local_params", "Exchange the worker's whole parameter pytree."
+    )
+
+    def step(x, c):
+      dtype = _compute_dtype(x.dtype)
+      d = jnp.asarray(beta, dtype) * (x.astype(dtype) - c.astype(dtype))
+      return (x.astype(dtype) - d).astype(x.dtype), (c.astype(dtype) + d).astype(c.dtype)
+
+    leaves_x, treedef = jax.tree.flatten(local_params)
+    pairs = [step(x, c) for x, c in zip(leaves_x, jax.tree.leaves(state.params), strict=True)]
+    new_local = jax.tree.unflatten(treedef, [p[0] for p in pairs])
+    center = jax.tree.unflatten(treedef, [p[1] for p in pairs])
+    return EASGDState(center, state.num_exchanges + 1), new_local
+
+  return EASGDServer(init_fn, exchange_fn, num_workers, beta, tau)
+
+
+# -------------------------------------------------------------------------------------- SGP
+
+
+class SGPState(NamedTuple):
+  """State of the n nodes of :func:`sgp`, stacked on a leading node axis.
+
+  Attributes:
+    numerators: the push-sum numerators x_i (a tree, leaves ``[n, ...]``).
+    weights: the push-sum weights w_i (float32 ``[n]``); the model of node i is x_i / w_i.
+    in_flight_numerators: with 1-overlap, the messages sent in the previous round, indexed by
+      the node that will mix them (zeros when nothing is in flight).
+    in_flight_weights: their weights (float32 ``[n]``).
+    step: the gossip round k (int32), which selects the peer.
+  """
+
+  numerators: PyTree
+  weights: jax.Array
+  in_flight_numerators: PyTree
+  in_flight_weights: jax.Array
+  step: jax.Array
+
+
+class SGP(NamedTuple):
+  """Stochastic gradient push over a directed exponential graph (see :func:`sgp`)."""
+
+  num_workers: int
+  overlap: int
+  num_peers: int
+  init: Callable[[PyTree], SGPState]
+  peer: Callable[[Any, Any], Any]
+  send: Callable[[PyTree, Any], tuple[tuple[PyTree, jax.Array], tuple[PyTree, jax.Array]]]
+  mix: Callable[[PyTree, Any, PyTree, Any], tuple[PyTree, jax.Array]]
+  debias: Callable[[PyTree, Any], PyTree]
+  debiased: Callable[[SGPState], PyTree]
+  apply_updates: Callable[[SGPState, PyTree], SGPState]
+  gossip: Callable[[SGPState], SGPState]
+
+
+def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
+  """Stochastic gradient push (SGP): push-sum gossip on a directed exponential graph.
+
+  Every node i keeps a numerator x_i and a weight w_i (initially x0 and 1) and trains the
+  de-biased model z_i = x_i / w_i. In round k it (1) computes a gradient at z_i and applies its
+  local step to the numerator, x_i <- x_i + tx(g) (:attr:`SGP.apply_updates`), (2) keeps half of
+  (x_i, w_i) and pushes the other half to ONE peer, ``(i + 2^(k mod m)) mod n`` with
+  ``m = floor(log2(n - 1)) + 1`` peers in turn (1, 2, 4, ... hops; m = log2 n for n a power of
+  two) (:attr:`SGP.send`), and (3) adds the messages it receives (:attr:`SGP.mix`). With
+  ``overlap=1`` (the paper's 1-overlap SGP) a node does not wait for this round's message: it
+  mixes the one sent to it in the previous round, so one message per node is in flight.
+  Halving and adding preserve the sums of numerators and weights (in flight included), and the
+  de-biased models reach consensus on sum(x) / sum(w).
+
+  Per-node pieces (for an event simulator or a runtime): ``peer(node, step)``,
+  ``send(x, w) -> ((x_kept, w_kept), (x_msg, w_msg))``, ``mix(x, w, x_msg, w_msg)``,
+  ``debias(x, w)``. Whole-cluster pieces on a stacked :class:`SGPState`: ``init(params)``,
+  ``debiased(state)`` (the n models z_i, stacked), ``apply_updates(state, stacked_updates)``,
+  ``gossip(state)`` (one synchronous round: every node sends, then mixes; ``step`` + 1).
+
+  Args:
+    num_workers: n >= 1.
+    overlap: 0 (a node mixes this round's messages) or 1 (the previous round's; the paper).
+
+  Returns:
+    An :class:`SGP`.
+
+  References:
+    Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
+    Learning", ICML 2019 (Algorithm 1, overlap SGP; the time-varying directed exponential
+    graph); Ko et al., ALADDIN, CIKM 2021, Section 4 (SGP baseline).
+  """
+  num_workers = checks.check_num_workers(num_workers)
+  if overlap not in (0, 1):
+    raise ValueError(
+      f"overlap must be 0 or 1 (rounds a message may stay in flight), got {overlap}."
+    )
+  num_peers = max(1, (num_workers - 1).bit_length())  # floor(log2(n - 1)) + 1 for n >= 2
+
+  def peer(node: Any, step: Any) -> Any:
+    if isinstance(node, jax.core.Tracer) or isinstance(step, jax.core.Tracer):
+      hop = jnp.left_shift(jnp.int32(1), jnp.asarray(step, jnp.int32) % num_peers)
+      return (jnp.asarray(node, jnp.int32) + hop) % num_workers
+    return (int(node) + 2 ** (int(step) % num_peers)) % num_workers
+
+  def send(numerator: PyTree, weight: Any):
+    # Halving is exact in floating point (an exponent change), so kept + message == whole.
+    half = jax.tree.map(lambda x: x * jnp.asarray(0.5, x.dtype), numerator)
+    w = jnp.asarray(weight, jnp.float32) * 0.5
+    return (half, w), (half, w)
+
+  def mix(numerator: PyTree, weight: Any, msg_numerator: PyTree, msg_weight: Any):
+    return jax.tree.map(jnp.add, numerator, msg_numerator), jnp.asarray(
+      weight, jnp.float32
+    ) + jnp.asarray(msg_weight, jnp.float32)
+
+  def debias(numerator: PyTree, weight: Any) -> PyTree:
+    def one(x):
+      dtype = _compute_dtype(x.dtype)
+      w = jnp.asarray(weight, dtype).reshape(jnp.shape(weight) + (1,) * (x.ndim - jnp.ndim(weight)))
+      return (x.astype(dtype) / w).astype(x.dtype)
+
+    return jax.tree.map(one, numerator)
+
+  def init_fn(params: PyTree) -> SGPState:
+    stacked = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_workers, *jnp.shape(p))), params)
+    return SGPState(
+      numerators=jax.tree.map(jnp.array, stacked),
+      weights=jnp.ones([num_workers], jnp.float32),
+      in_flight_numerators=jax.tree.map(jnp.zeros_like, stacked),
+      in_flight_weights=jnp.zeros([num_workers], jnp.float32),
+      step=jnp.zeros([], jnp.int32),
+    )
+
+  def debiased(state: SGPState) -> PyTree:
+    return debias(state.numerators, state.weights)
+
+  def apply_updates(state: SGPState, stacked_updates: PyTree) -> SGPState:
+    return state._replace(numerators=optax.apply_updates(state.numerators, stacked_updates))
+
+  def gossip(state: SGPState) -> SGPState:
+    hop = jnp.left_shift(jnp.int32(1), state.step % num_peers)
+    (kept_x, kept_w), (msg_x, msg_w) = send(state.numerators, state.weights)
+    # Node i sends to i + hop, so node j receives what node j - hop sent: a roll by hop.
+    arrived_x = jax.tree.map(lambda m: jnp.roll(m, hop, axis=0), msg_x)
+    arrived_w = jnp.roll(msg_w, hop, axis=0)
+    if overlap == 0:
+      x, w = mix(kept_x, kept_w, arrived_x, arrived_w)
+      flight_x, flight_w = state.in_flight_numerators, state.in_flight_weights
+    else:
+      x, w = mix(kept_x, kept_w, state.in_flight_numerators, state.in_flight_weights)
+      flight_x, flight_w = arrived_x, arrived_w
+    return SGPState(x, w, flight_x, flight_w, state.step + 1)
+
+  return SGP(
+    num_workers,
+    overlap,
+    num_peers,
+    init_fn,
+    peer,
+    send,
+    mix,
+    debias,
+    debiased,
+    apply_updates,
+    gossip,
+  )
