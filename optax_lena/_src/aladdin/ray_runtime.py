@@ -365,7 +365,12 @@ class ServerShard:
     return _to_numpy(params), self._num_updates()
 
   def stats(self) -> dict[str, Any]:
-    """Counters: messages, updates, rejections (non-finite / bad tree), checkpoints, restarts."""
+    """Counters: messages, updates, rejections, checkpoints, restarts, node.
+
+    ``rejected_by_server`` is the server state's count (non-finite gradient or unknown worker);
+    ``rejected_bad_tree`` counts messages of the wrong tree, shapes or dtypes, refused before
+    they reach the server's function.
+    """
     import ray
 
     return {
@@ -373,11 +378,12 @@ class ServerShard:
       "pid": os.getpid(),
       "messages": self.num_messages,
       "global_updates": self._num_updates(),
-      "rejected_nonfinite": int(getattr(self.state, "num_rejected", 0)),
+      "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
       "rejected_bad_tree": self.num_bad_tree,
       "checkpoints": self.num_checkpoints,
       "restored_updates": self.restored_updates,
       "restarted": bool(ray.get_runtime_context().was_current_actor_reconstructed),
+      "node_id": ray.get_runtime_context().get_node_id(),
     }
 
 
@@ -668,8 +674,11 @@ class Worker:
     return _to_numpy(self.params)
 
   def info(self) -> dict[str, Any]:
-    """Identity (pid, incarnation, global updates at start) and running totals."""
-    return {**self._identity(), **self.totals}
+    """Identity (pid, node, incarnation, global updates at start) and running totals."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    return {**self._identity(), **self.totals, "node_id": node}
 
 
 # ----------------------------------------------------------------------------------------------

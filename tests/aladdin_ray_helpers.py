@@ -1,0 +1,107 @@
+"""A tiny ALADDIN task for the Ray tests, and helpers to find a Ray session's processes.
+
+Everything here is importable by the Ray actors (module-level, picklable by reference) and by the
+driver scripts the tests run in subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+DIM = 8
+BATCH = 16
+
+
+def loss_fn(params: dict[str, Any], batch: tuple[Any, Any]) -> Any:
+  """Least squares of a linear model (compiles in well under a second)."""
+  import jax.numpy as jnp
+
+  x, y = batch
+  return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def batches(worker: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Worker ``worker``'s endless, seeded mini-batches of a noiseless linear problem."""
+  rng = np.random.default_rng([seed, worker])
+  w = (np.arange(DIM, dtype=np.float32)[:, None] + 1) / DIM
+  while True:
+    x = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+    yield x, x @ w + 0.5
+
+
+def init_params() -> dict[str, np.ndarray]:
+  """Zero parameters of the linear model."""
+  return {"w": np.zeros((DIM, 1), np.float32), "b": np.zeros((1,), np.float32)}
+
+
+def make_task(lr: float = 0.05) -> Any:
+  """The ``ad.Task`` of the tests."""
+  import optax
+
+  from optax_lena import aladdin as al
+  from optax_lena.aladdin import distributed as ad
+
+  return ad.Task(
+    loss_fn=loss_fn,
+    init_params=init_params(),
+    batches=batches,
+    local_tx=al.local_optimizer(lr, weight_decay=0.0),
+    server_tx=optax.sgd(lr),
+    batch_size=BATCH,
+  )
+
+
+def session_processes(marker: str) -> list[Any]:
+  """Live processes whose command line mentions ``marker`` (a Ray temp dir is in every Ray
+  process's command line: gcs_server, raylet, agents, workers)."""
+  import psutil
+
+  found = []
+  for proc in psutil.process_iter(["pid", "cmdline"]):
+    with contextlib.suppress(psutil.Error):
+      if proc.pid != os.getpid() and marker in " ".join(proc.info["cmdline"] or []):
+        found.append(proc)
+  return found
+
+
+def ray_processes_of(root_pid: int) -> list[Any]:
+  """The descendants of ``root_pid`` (a driver that started a local Ray cluster)."""
+  import psutil
+
+  with contextlib.suppress(psutil.Error):
+    return psutil.Process(root_pid).children(recursive=True)
+  return []
+
+
+def listening_addresses(processes: list[Any]) -> list[tuple[str, int, str]]:
+  """``(ip, port, process name)`` of every listening TCP socket of ``processes``."""
+  import psutil
+
+  out = []
+  for proc in processes:
+    with contextlib.suppress(psutil.Error):
+      for conn in proc.net_connections(kind="inet"):
+        if conn.status == psutil.CONN_LISTEN:
+          out.append((conn.laddr.ip, conn.laddr.port, proc.name()))
+  return out
+
+
+def is_loopback(ip: str) -> bool:
+  """127.0.0.0/8, ::1 or an IPv4-mapped loopback address."""
+  address = ipaddress.ip_address(ip.split("%")[0])
+  mapped = getattr(address, "ipv4_mapped", None)
+  return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def kill_all(processes: list[Any]) -> None:
+  """SIGKILL every process of the list (the ones a test started; never matched by name)."""
+  for proc in processes:
+    with contextlib.suppress(Exception):
+      os.kill(proc.pid, signal.SIGKILL)
