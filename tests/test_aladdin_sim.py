@@ -80,8 +80,8 @@ def test_asp_worker_waits_for_the_round_trip():
   c = toy(1, ps_cost_per_byte=1e-3)
   r = timing("asp", c, until=1000.0)
   per_iteration = 1.0 + WIRE + 0.2 + WIRE
-  assert r.iterations[0] == math.floor(1000.0 / per_iteration) + 1  # the last one's reply pending
-  assert r.wait_time[0] == pytest.approx((r.iterations[0] - 1) * (per_iteration - 1.0))
+  assert r.iterations[0] == math.floor(1000.0 / per_iteration)
+  assert r.wait_time[0] == pytest.approx(r.iterations[0] * (per_iteration - 1.0))
   # Four workers: they stagger behind the shared PS link, then each waits 0.2 s per iteration.
   r4 = timing("asp", toy(4), until=3000.0)
   assert min(r4.wait_time) > 0.19 * min(r4.iterations)
@@ -130,6 +130,16 @@ def test_ps_shards_and_shared_nics():
   assert toy(4, workers_per_machine=4).worker_nic(3) == 0
   assert own.throughput == pytest.approx(4 / (1 + 5 * 0.1875), rel=0.01)
   assert shared.throughput == pytest.approx(4 / 3.0, rel=0.01)
+
+
+def test_aladdin_send_buffer_throttles_a_worker_whose_uplink_cannot_keep_up():
+  # Two workers share a NIC and each gradient takes 0.75 s on it: 1.5 s of uplink per 1 s round.
+  kwargs = dict(workers_per_machine=2, bandwidth=NBYTES / 0.75)
+  unbounded = timing("aladdin", toy(2, **kwargs), until=3000.0)
+  assert unbounded.wait_time == [0.0, 0.0] and unbounded.throughput == pytest.approx(2.0, 1e-3)
+  bounded = timing("aladdin", toy(2, send_buffer=1, **kwargs), until=3000.0)
+  assert bounded.throughput == pytest.approx(2 / 1.5, rel=0.01)
+  assert min(bounded.wait_time) > 0.45 * min(bounded.iterations)
 
 
 def test_paper_cluster_speedups_are_ordered_like_the_paper():

@@ -15,7 +15,8 @@ Model (the stated assumptions; ``docs/ALADDIN.md`` discusses them):
   uplink for ``b / bandwidth`` (messages leave one after another, in the order they were sent),
   crosses the wire in ``latency`` seconds, and occupies the receiver's downlink for
   ``b / bandwidth`` (messages arriving at one NIC are received one after another). Two endpoints
-  on one machine (a worker and a co-located PS shard) still pay the NIC: a simplification.
+  on one machine (a worker and a co-located PS shard) exchange messages through memory, at no
+  cost (the PS shard's processing is still paid).
 * **PS shards** are single servers: each processes its messages one at a time, in arrival order,
   at ``ps_cost_per_byte`` seconds per byte of the message, plus the same again for a global
   update (an optimizer pass over its slice). Several shards work in parallel.
@@ -52,6 +53,11 @@ class Cluster:
     workers_per_machine: workers sharing one NIC (the paper: 2 GPUs per machine).
     ps_colocated: the PS shards run on the worker machines (shard s on machine s mod m) and
       share their NICs; else every shard has a NIC of its own.
+    ps_bandwidth: bytes per second of the PS shards' own NICs (None: ``bandwidth``; unused when
+      ``ps_colocated``). One fast PS NIC can stand for the aggregate of several shards.
+    send_buffer: how many of its messages a worker that does not wait for answers (ALADDIN) may
+      have queued on its uplink; with that many still queued it waits until the oldest has
+      left before sending the next (a send buffer). None: unbounded, the worker never waits.
   """
 
   compute_time: tuple[float, ...]
@@ -61,6 +67,8 @@ class Cluster:
   num_shards: int = 1
   workers_per_machine: int = 1
   ps_colocated: bool = False
+  ps_bandwidth: float | None = None
+  send_buffer: int | None = None
 
   def __post_init__(self) -> None:
     times = tuple(float(t) for t in self.compute_time)
@@ -71,6 +79,8 @@ class Cluster:
       raise ValueError(f"bandwidth must be positive bytes/s, got {self.bandwidth}.")
     if self.latency < 0 or self.ps_cost_per_byte < 0:
       raise ValueError("latency and ps_cost_per_byte must be >= 0.")
+    if self.send_buffer is not None and self.send_buffer < 1:
+      raise ValueError(f"send_buffer must be None or >= 1, got {self.send_buffer}.")
     if self.num_shards < 1 or self.workers_per_machine < 1:
       raise ValueError("num_shards and workers_per_machine must be >= 1.")
 
@@ -99,8 +109,11 @@ class Cluster:
     """NICs in the model (machines, plus the PS shards' own unless co-located)."""
     return self.num_machines + (0 if self.ps_colocated else self.num_shards)
 
-  def wire_time(self, nbytes: float) -> float:
-    """Seconds a message of ``nbytes`` occupies one link direction."""
+  def wire_time(self, nbytes: float, nic: int | None = None) -> float:
+    """Seconds a message of ``nbytes`` occupies one direction of NIC ``nic`` (None: a worker
+    NIC)."""
+    if nic is not None and nic >= self.num_machines and self.ps_bandwidth is not None:
+      return nbytes / self.ps_bandwidth
     return nbytes / self.bandwidth
 
   def message_time(self, nbytes: float) -> float:
@@ -213,6 +226,7 @@ def paper_cluster(
   num_workers: int = 8,
   num_shards: int = 4,
   ps_cost_per_byte: float = 0.5e-9,
+  send_buffer: int | None = 1,
 ) -> Cluster:
   """The paper's cluster: 4 machines x 2 GPUs, 10 Gb/s Ethernet, PS shards on the machines.
 
@@ -223,6 +237,8 @@ def paper_cluster(
     num_shards: PS shards (one per machine by default).
     ps_cost_per_byte: PS processing cost (0.5 ns/byte = 2 GB/s of gradient per shard, a CPU
       parameter server deserialising and summing float32).
+    send_buffer: messages an ALADDIN worker may have queued on its uplink (1: it waits for its
+      previous gradient to have left before pushing the next; None: unbounded).
 
   Returns:
     The :class:`Cluster`.
@@ -237,4 +253,5 @@ def paper_cluster(
     num_shards=num_shards,
     workers_per_machine=2,
     ps_colocated=True,
+    send_buffer=send_buffer,
   )

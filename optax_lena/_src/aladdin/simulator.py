@@ -11,8 +11,9 @@ time happen in the order they were scheduled, so a run is a pure function of its
 seed, same trajectory, bitwise). The message patterns (who waits for what):
 
 * ``aladdin``: a worker computes, applies its local self-update, pushes its gradient to the PS and
-  starts its next iteration at once (it never waits); a reply that has arrived is merged (Eq. 3)
-  at the end of the worker's next iteration. The PS processes messages in arrival order and
+  starts its next iteration at once (it never waits, unless ``Cluster.send_buffer`` bounds the
+  messages queued on its uplink and the link does not keep up); the replies that arrived during
+  an iteration are merged (Eq. 3) at its end. The PS processes messages in arrival order and
   replies to a worker once every ``period`` of its gradients.
 * ``ar_sgd``: a barrier every iteration: the all-reduce starts when the slowest worker is done
   and takes the ring all-reduce time; then every worker applies the mean gradient.
@@ -31,7 +32,7 @@ import heapq
 import math
 import time as _time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,10 @@ class Algorithm:
     alpha: ALADDIN's merge weight.
     tau: EASGD's communication period.
     beta: EASGD's moving rate (None: 0.9 / n).
+    reply_every: ALADDIN only: forward the PS's reply to a worker only once every
+      ``reply_every`` of its gradients (None: every reply). With ``period=1`` this is an eager
+      global update (x~ moves at every gradient) with replies every ``reply_every`` gradients:
+      ALADDIN without its lazy global update (the ablation's L2).
     label: a display name.
   """
 
@@ -75,6 +80,7 @@ class Algorithm:
   alpha: str | float = "count"
   tau: int = 2
   beta: float | None = None
+  reply_every: int | None = None
   label: str = ""
 
 
@@ -93,6 +99,8 @@ def algorithm(name: str, **options: Any) -> Algorithm:
     raise ValueError(f"Unknown algorithm {name!r}; choose one of {ALGORITHMS}.")
   if int(options.get("period", 4)) < 1 or int(options.get("tau", 2)) < 1:
     raise ValueError("period and tau must be >= 1.")
+  if options.get("reply_every") is not None and int(options["reply_every"]) < 1:
+    raise ValueError("reply_every must be None or >= 1.")
   return Algorithm(name, **options)
 
 
@@ -130,6 +138,8 @@ class EvalPoint:
     train_loss: mean of the workers' mini-batch losses since the previous point (nan if none).
     test_loss: loss of the evaluated model on the test set.
     test_accuracy: its accuracy.
+    local_accuracy: test accuracy of the average of the workers' local models (ALADDIN and
+      EASGD, whose evaluated model is the PS's; nan for the others).
   """
 
   time: float
@@ -138,6 +148,7 @@ class EvalPoint:
   train_loss: float
   test_loss: float
   test_accuracy: float
+  local_accuracy: float = math.nan
 
 
 @dataclasses.dataclass
@@ -247,13 +258,28 @@ class _Engine:
 
   def send(
     self, src: int, dst: int, nbytes: float, on_arrival: Callable[..., None], *args: Any
-  ) -> None:
+  ) -> float:
     """A message from NIC ``src`` to NIC ``dst``: uplink now (FIFO), wire latency, downlink
-    FIFO in the order the messages reach the receiver; ``on_arrival(*args)`` at the end."""
-    wire = self.cluster.wire_time(nbytes)
+    FIFO in the order the messages reach the receiver; ``on_arrival(*args)`` at the end.
+    Returns the time the message has left the sender's uplink.
+
+    Two endpoints on one machine (a worker and a co-located PS shard) exchange messages through
+    memory: no NIC, no latency, arrival now."""
+    if src == dst:
+      self.at(self.now, on_arrival, *args)
+      return self.now
+    wire = self.cluster.wire_time(nbytes, src)
     start = max(self.now, self.up_free[src])
     self.up_free[src] = start + wire
-    self.at(start + wire + self.cluster.latency, self._reach, dst, wire, on_arrival, args)
+    self.at(
+      start + wire + self.cluster.latency,
+      self._reach,
+      dst,
+      self.cluster.wire_time(nbytes, dst),
+      on_arrival,
+      args,
+    )
+    return start + wire
 
   def _reach(self, dst: int, wire: float, on_arrival: Callable[..., None], args: tuple) -> None:
     arrival = max(self.now, self.down_free[dst] + wire)
@@ -432,6 +458,9 @@ class _Base:
       self.batches = [
         _Batches(problem, batch_size, np.random.default_rng([seed, i])) for i in range(self.n)
       ]
+      # Device scalars of the worker indices, made once (a jnp.int32(i) per message would cost
+      # more host time than the simulator's own bookkeeping).
+      self.worker_ids = [jnp.asarray(i, jnp.int32) for i in range(self.n)]
       self.x_test = jnp.asarray(problem.x_test)
       self.y_test = jnp.asarray(problem.y_test)
       self.eval_fn = _cached_jit(
@@ -452,6 +481,10 @@ class _Base:
   def eval_params(self) -> PyTree:
     """The model evaluated for this algorithm."""
     raise NotImplementedError
+
+  def local_models(self) -> list[PyTree] | None:
+    """The workers' own models when they differ from the evaluated one (else None)."""
+    return None
 
   # -- shared -------------------------------------------------------------------------------
   def compute_time(self, worker: int) -> float:
@@ -485,6 +518,12 @@ class _Base:
     loss, acc = self.timer(self.eval_fn, self.eval_params(), self.x_test, self.y_test)
     train_loss = float(jnp.mean(jnp.stack(self.losses))) if self.losses else math.nan
     self.losses = []
+    local_acc = math.nan
+    locals_ = self.local_models()
+    if locals_ is not None:
+      mean = _cached_jit(("mean_models",), lambda: jax.jit(_mean_models))
+      _, acc_locals = self.timer(self.eval_fn, mean(locals_), self.x_test, self.y_test)
+      local_acc = float(acc_locals)
     self.evals.append(
       EvalPoint(
         time=self.engine.now,
@@ -493,6 +532,7 @@ class _Base:
         train_loss=train_loss,
         test_loss=float(loss),
         test_accuracy=float(acc),
+        local_accuracy=local_acc,
       )
     )
 
@@ -503,6 +543,10 @@ class _Base:
 
 
 _JIT_CACHE: dict[tuple, Any] = {}
+
+
+def _mean_models(models: list[PyTree]) -> PyTree:
+  return jax.tree.map(lambda *v: sum(v[1:], v[0]) / len(v), *models)
 
 
 def _cached_jit(key: tuple, build: Callable[[], Any]) -> Any:
@@ -553,14 +597,19 @@ class _Aladdin(_Base):
 
   def start(self) -> None:
     self.inbox: list[list[Any]] = [[] for _ in range(self.n)]
+    self.leaving: list[list[float]] = [[] for _ in range(self.n)]
     # Per shard and worker: gradients since the last reply (the PS's c_i, tracked here to time
     # the global updates without reading the device).
     self.ps_counts = [[0] * self.n for _ in range(self.cluster.num_shards)]
+    self.reply_counts = [[0] * self.n for _ in range(self.cluster.num_shards)]
     for i in range(self.n):
       self.begin(i)
 
   def eval_params(self) -> PyTree:
     return self.server_state.params
+
+  def local_models(self) -> list[PyTree]:
+    return self.params
 
   def computed(self, i: int) -> None:
     e = self.engine
@@ -573,11 +622,26 @@ class _Aladdin(_Base):
         self.step, self.params[i], self.opt_state[i], (x, y)
       )
       self.losses.append(loss)
-    # Push the gradient (each shard its slice); do not wait.
+    self.idle_since[i] = e.now
+    # A bounded send buffer: with `send_buffer` messages still queued on its uplink, the worker
+    # waits until the oldest has left (never the case when the links keep up).
+    queued = [t for t in self.leaving[i] if t > e.now]
+    self.leaving[i] = queued
+    limit = self.cluster.send_buffer
+    if limit is not None and len(queued) >= limit:
+      e.at(queued[len(queued) - limit], self.push, i, grads)
+    else:
+      self.push(i, grads)
+
+  def push(self, i: int, grads: PyTree) -> None:
+    e = self.engine
+    # Push the gradient (each shard its slice); do not wait for an answer.
     self.messages[i] += 1
     src = self.cluster.worker_nic(i)
+    left = e.now
     for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
-      e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, i, nbytes, grads)
+      left = e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, i, nbytes, grads)
+    self.leaving[i].append(left)
     # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
     for reply in self.inbox[i]:
       if self.train:
@@ -585,7 +649,6 @@ class _Aladdin(_Base):
       e.log("merge", i)
     self.inbox[i] = []
     self.count_samples(self.batch_size)
-    self.idle_since[i] = e.now
     self.begin(i)
 
   def ps_arrive(self, s: int, i: int, nbytes: float, grads: PyTree) -> None:
@@ -593,13 +656,19 @@ class _Aladdin(_Base):
     update = self.ps_counts[s][i] >= self.alg.period
     if update:
       self.ps_counts[s][i] = 0
-    self.engine.ps_process(s, nbytes, update, self.ps_done, s, i, nbytes, grads, update)
+    reply = update
+    if self.alg.reply_every:
+      self.reply_counts[s][i] += 1
+      reply = update and self.reply_counts[s][i] % self.alg.reply_every == 0
+    self.engine.ps_process(s, nbytes, update, self.ps_done, s, i, nbytes, grads, reply)
 
   def ps_done(self, s: int, i: int, nbytes: float, grads: PyTree, update: bool) -> None:
     reply = None
     self.engine.log("receive", i)
     if self.train:
-      self.server_state, reply = self.timer(self.receive, self.server_state, grads, jnp.int32(i))
+      self.server_state, reply = self.timer(
+        self.receive, self.server_state, grads, self.worker_ids[i]
+      )
     if update:
       self.engine.send(
         self.cluster.ps_nic(s), self.cluster.worker_nic(i), nbytes, self.reply_arrive, i, reply
@@ -664,10 +733,8 @@ class _Asp(_Base):
   """Send the gradient, wait for the PS to apply it and send x~ back, replace the model."""
 
   def setup(self) -> None:
-    from optax_lena import aladdin as al
-
     problem = self.problem
-    self.server = al.asp_server(self.alg.server_tx)
+    self.server = _asp_server(self.alg.server_tx)
     self.server_state = self.server.init(problem.params)
     self.receive = _cached_jit(
       ("asp_receive", self.alg.server_tx), lambda: jax.jit(self.server.receive)
@@ -727,10 +794,8 @@ class _Easgd(_Base):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
 
   def setup(self) -> None:
-    from optax_lena import aladdin as al
-
     alg, problem = self.alg, self.problem
-    self.server = al.easgd_server(self.n, beta=alg.beta, tau=alg.tau)
+    self.server = _easgd_server(self.n, beta=alg.beta, tau=alg.tau)
     self.server_state = self.server.init(problem.params)
     self.exchange = _cached_jit(
       ("easgd_exchange", self.n, alg.beta, alg.tau), lambda: jax.jit(self.server.exchange)
@@ -741,6 +806,9 @@ class _Easgd(_Base):
 
   def eval_params(self) -> PyTree:
     return _easgd_center(self.server_state)
+
+  def local_models(self) -> list[PyTree]:
+    return self.params
 
   def start(self) -> None:
     self.pending = [0] * self.n
@@ -774,7 +842,7 @@ class _Easgd(_Base):
     new_local = None
     if self.train:
       self.server_state, new_local = self.timer(
-        self.exchange, self.server_state, self.params[i], jnp.int32(i)
+        self.exchange, self.server_state, self.params[i], self.worker_ids[i]
       )
     self.engine.send(
       self.cluster.ps_nic(s), self.cluster.worker_nic(i), nbytes, self.reply_arrive, i, new_local
@@ -789,10 +857,59 @@ class _Easgd(_Base):
       self.begin(i)
 
 
+class _Server(NamedTuple):
+  init: Callable[..., Any]
+  receive: Callable[..., Any] | None = None
+  exchange: Callable[..., Any] | None = None
+
+
+def _asp_server(server_tx: optax.GradientTransformation) -> Any:
+  """``al.asp_server`` when the package has it; else the same step written here: the PS applies
+  each gradient at once, ``x~ <- x~ + server_tx(g)``, and returns x~."""
+  from optax_lena import aladdin as al
+
+  if hasattr(al, "asp_server"):
+    return al.asp_server(server_tx)
+
+  def init(params):
+    return params, server_tx.init(params)
+
+  def receive(state, grads):
+    params, opt_state = state
+    updates, opt_state = server_tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return (params, opt_state), params
+
+  return _Server(init, receive=receive)
+
+
+def _easgd_server(num_workers: int, *, beta: float | None, tau: int) -> Any:
+  """``al.easgd_server`` when the package has it; else the elastic exchange written here:
+  ``d = x_i - x~; x_i <- x_i - beta d; x~ <- x~ + beta d`` (beta = 0.9 / n by default)."""
+  from optax_lena import aladdin as al
+
+  if hasattr(al, "easgd_server"):
+    return al.easgd_server(num_workers, beta=beta, tau=tau)
+  rate = 0.9 / num_workers if beta is None else beta
+
+  def init(params):
+    return params
+
+  def exchange(center, local, worker):
+    del worker
+    diff = jax.tree.map(jnp.subtract, local, center)
+    new_local = jax.tree.map(lambda x, d: x - rate * d, local, diff)
+    return jax.tree.map(lambda c, d: c + rate * d, center, diff), new_local
+
+  return _Server(init, exchange=exchange)
+
+
 def _easgd_center(state: Any) -> PyTree:
   for name in ("center", "params", "global_params"):
     if hasattr(state, name):
       return getattr(state, name)
+  if isinstance(state, dict):
+    return state
   raise AttributeError(f"Cannot find the center variable of the EASGD state {type(state)}.")
 
 

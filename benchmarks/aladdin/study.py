@@ -1,0 +1,797 @@
+"""Reproduction study of ALADDIN (Ko et al., CIKM 2021) with the deterministic cluster simulator.
+
+Parts (``--parts``, all by default):
+
+* ``table3``: the paper's Table 3 in its own shape -- speed-up of 8 workers over one on HO / HE0
+  (worker 0 x2 slower) / HE1 (x10) / HE2 (x100), ALADDIN, AR-SGD, ASP, EASGD and SGP, ResNet-50
+  and VGG-16 sizes, from the timing-only mode (no training), next to the paper's numbers. Two
+  compute-time settings: from a published RTX 2080 Ti throughput, and calibrated so that the
+  model reproduces the paper's AR-SGD HO speed-up.
+* ``table2``: Table 2's shape on MNIST-1D (generated offline; the example CNN1D): final test
+  accuracy, accuracy at a fixed simulated time budget and simulated time to a target accuracy,
+  five algorithms x HO / HE1 / HE2 x seeds, mean +- std.
+* ``ablation``: ALADDIN-L1 (local self-update only: alpha = 0), L2 (+ PS-triggered local update
+  without the lazy global update: period = 1, the PS updates x~ and replies at every gradient)
+  and full ALADDIN (period = 4), on HE1.
+* ``period``: period in {1, 2, 4} on HE1.
+* ``choices``: normalise x server_tx x alpha on HE1 (the ambiguous points of the algorithm).
+* ``overhead``: the simulator's host time outside the JAX computations it runs.
+
+Every training run writes ``<out>/runs/<name>.json`` and is skipped when that file exists, so
+the study resumes; ``--shard I/N`` splits the runs between processes. Every invocation ends by
+writing ``<out>/tables.md``, ``summary.json`` and the plots from whatever has finished.
+
+Usage::
+
+  python -m benchmarks.aladdin.study --smoke --out /tmp/aladdin_smoke   # seconds, CI
+  python -m benchmarks.aladdin.study                                    # RESULTS.md's study
+  python -m benchmarks.aladdin.study --parts table3                     # timing only, seconds
+  python -m benchmarks.aladdin.study --report_only                      # tables from finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from examples import input_pipeline
+from examples.models import CNN1D
+from optax_lena import aladdin as al
+from optax_lena._src.aladdin import cluster as cl
+from optax_lena._src.aladdin import simulator as sim
+
+ALGORITHMS = sim.ALGORITHMS
+LABELS = {"aladdin": "ALADDIN", "ar_sgd": "AR-SGD", "asp": "ASP", "easgd": "EASGD", "sgp": "SGP"}
+CLUSTERS = ("HO", "HE0", "HE1", "HE2")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+# The paper's Table 3 (ResNet-50, VGG-16); ASP and EASGD are not in it.
+PAPER_TABLE3 = {
+  ("aladdin", "HO"): (6.70, 6.18),
+  ("aladdin", "HE0"): (6.30, 5.74),
+  ("aladdin", "HE1"): (5.95, 5.49),
+  ("aladdin", "HE2"): (5.87, 5.41),
+  ("ar_sgd", "HO"): (5.40, 2.03),
+  ("ar_sgd", "HE0"): (3.22, 1.46),
+  ("ar_sgd", "HE1"): (0.71, 0.62),
+  ("ar_sgd", "HE2"): (0.08, 0.07),
+  ("sgp", "HO"): (6.00, 4.64),
+  ("sgp", "HE0"): (5.21, 4.15),
+  ("sgp", "HE1"): (4.83, 3.81),
+  ("sgp", "HE2"): (1.93, 1.89),
+}
+# The training cluster reproduces the ResNet-50 paper cluster's ratios (see training_cluster).
+REFERENCE_MODEL = "ResNet-50"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """Sizes of the study."""
+
+  num_samples: int  # MNIST-1D examples before the 80/20 split
+  batch_size: int  # per worker
+  epochs: float  # the sample budget of every run, in passes over the training set
+  lr: float  # the workers' (and one-gradient) learning rate
+  ar_lr: float  # AR-SGD's rate on the mean of n gradients
+  num_workers: int
+  seeds: tuple[int, ...]
+  clusters: tuple[str, ...]  # Table 2's clusters
+  study_cluster: str  # where the ablation, period and choices run
+  choice_seeds: tuple[int, ...]
+  num_evals: int
+  width: int  # CNN1D features
+
+
+PRESETS = {
+  "default": Preset(
+    num_samples=5000,
+    batch_size=32,
+    epochs=15,
+    lr=0.1,
+    ar_lr=0.2,
+    num_workers=8,
+    seeds=(0, 1, 2),
+    clusters=("HO", "HE1", "HE2"),
+    study_cluster="HE1",
+    choice_seeds=(0,),
+    num_evals=15,
+    width=32,
+  ),
+  "smoke": Preset(
+    num_samples=1000,
+    batch_size=16,
+    epochs=1,
+    lr=0.05,
+    ar_lr=0.2,
+    num_workers=4,
+    seeds=(0,),
+    clusters=("HE1",),
+    study_cluster="HE1",
+    choice_seeds=(0,),
+    num_evals=3,
+    width=8,
+  ),
+}
+
+# ALADDIN-L2: an eager global update (the PS updates x~ at every gradient: period 1) and a reply
+# to each worker every 4 of its gradients, with Section 3.2's alpha for pi = 4 (with period 1,
+# "count" would give alpha = 1 - 1/sqrt(1) = 0 at every update).
+L2 = dict(period=1, reply_every=4, alpha=round(1 - 1 / math.sqrt(8 * 4), 4))
+NORMALISES = ("sum", "mean", "mean_of_locals")
+SERVER_TXS = ("sgd", "momentum")
+ALPHAS = ("count", "n_pi", 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One training run: an algorithm with options on a cluster, one seed."""
+
+  part: str
+  alg: str
+  cluster: str
+  seed: int
+  period: int = 4
+  normalise: str = "mean_of_locals"
+  server_tx: str = "momentum"  # the paper's PS optimizer (momentum SGD 0.9)
+  alpha: str | float = "count"
+  reply_every: int = 0  # 0: every reply (see sim.Algorithm.reply_every)
+
+  @property
+  def name(self) -> str:
+    base = f"{self.alg}_{self.cluster}_seed{self.seed}"
+    if self.alg != "aladdin":
+      return base
+    name = f"{base}_p{self.period}_{self.normalise}_{self.server_tx}_a{self.alpha}"
+    return name + (f"_r{self.reply_every}" if self.reply_every else "")
+
+
+def build_grid(preset: Preset, parts: Sequence[str]) -> list[RunSpec]:
+  """The training runs of ``parts`` (duplicates shared between parts appear once)."""
+  runs: list[RunSpec] = []
+  if "table2" in parts:
+    # The PS baselines last: a partial study still has ALADDIN, AR-SGD and SGP everywhere.
+    for alg in ("aladdin", "ar_sgd", "sgp", "asp", "easgd"):
+      for cluster in preset.clusters:
+        for seed in preset.seeds:
+          runs.append(RunSpec("table2", alg, cluster, seed))
+  c = preset.study_cluster
+  if "ablation" in parts:
+    for seed in preset.seeds:
+      runs.append(RunSpec("ablation", "aladdin", c, seed, alpha=0.0))  # L1
+      runs.append(RunSpec("ablation", "aladdin", c, seed, **L2))
+      runs.append(RunSpec("ablation", "aladdin", c, seed))  # full
+  if "period" in parts:
+    for seed in preset.seeds:
+      for period in (1, 2, 4):
+        for alpha in ("count", "n_pi"):
+          runs.append(RunSpec("period", "aladdin", c, seed, period=period, alpha=alpha))
+  if "choices" in parts:
+    for seed in preset.choice_seeds:
+      for normalise in NORMALISES:
+        for server_tx in SERVER_TXS:
+          for alpha in ALPHAS:
+            runs.append(
+              RunSpec(
+                "choices", "aladdin", c, seed, normalise=normalise, server_tx=server_tx, alpha=alpha
+              )
+            )
+  seen: set[str] = set()
+  unique = []
+  for run in runs:
+    if run.name not in seen:
+      seen.add(run.name)
+      unique.append(run)
+  return unique
+
+
+# ------------------------------------------------------------------------------------------------
+# The training problem and cluster
+# ------------------------------------------------------------------------------------------------
+
+_PROBLEMS: dict[tuple, sim.Problem] = {}
+_TXS: dict[tuple, Any] = {}
+
+
+def make_problem(preset: Preset, seed: int, cache_dir: Path) -> sim.Problem:
+  """MNIST-1D (data seed 0, the same draw for every run) and CNN1D initialised from ``seed``.
+
+  The loss and accuracy functions are shared by every problem of one preset, so the simulator's
+  jitted functions are compiled once per algorithm configuration, not once per run."""
+  key = (preset, seed)
+  if key in _PROBLEMS:
+    return _PROBLEMS[key]
+  data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=preset.num_samples)
+  model, fns = _model_fns(preset)
+  params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 40)))["params"]
+  problem = sim.Problem(
+    params, fns[0], fns[1], data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+  )
+  _PROBLEMS[key] = problem
+  return problem
+
+
+def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:
+  key = ("model", preset.width)
+  if key not in _TXS:
+    model = CNN1D(features=preset.width)
+
+    def loss_fn(params, batch):
+      x, y = batch
+      logits = model.apply({"params": params}, x)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    def accuracy_fn(params, batch):
+      x, y = batch
+      return jnp.mean(jnp.argmax(model.apply({"params": params}, x), -1) == y)
+
+    _TXS[key] = (model, (loss_fn, accuracy_fn))
+  return _TXS[key]
+
+
+def _tx(key: tuple) -> Any:
+  """Optax transformations built once per configuration (the simulator's jit cache keys on
+  them)."""
+  if key not in _TXS:
+    kind, lr = key[0], key[1]
+    if kind == "local":
+      _TXS[key] = al.local_optimizer(lr)  # momentum 0.9, weight decay 1e-4
+    elif kind == "sgd":
+      _TXS[key] = optax.sgd(lr)
+    elif kind == "momentum":
+      _TXS[key] = optax.sgd(lr, momentum=0.9)
+    else:
+      raise ValueError(key)
+  return _TXS[key]
+
+
+def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
+  """The algorithm of a run, with the study's learning rates.
+
+  * ALADDIN, EASGD, SGP workers: ``al.local_optimizer(lr)`` (momentum SGD 0.9, weight decay
+    1e-4, the paper's local optimizer). ALADDIN's PS: ``optax.sgd(lr)`` (the printed plain
+    step) or ``optax.sgd(lr, momentum=0.9)`` on the normalised g~.
+  * AR-SGD: ``al.local_optimizer(ar_lr)`` on the mean of the n gradients.
+  * ASP: the PS applies each gradient with ``optax.sgd(lr)`` (the printed Hogwild step).
+  """
+  lr = preset.lr
+  if spec.alg == "aladdin":
+    return sim.algorithm(
+      "aladdin",
+      worker_tx=_tx(("local", lr)),
+      server_tx=_tx((spec.server_tx, lr)),
+      period=spec.period,
+      normalise=spec.normalise,
+      alpha=spec.alpha,
+      reply_every=spec.reply_every or None,
+    )
+  if spec.alg == "ar_sgd":
+    return sim.algorithm("ar_sgd", worker_tx=_tx(("local", preset.ar_lr)))
+  if spec.alg == "asp":
+    return sim.algorithm("asp", server_tx=_tx(("sgd", lr)))
+  if spec.alg == "easgd":
+    return sim.algorithm("easgd", worker_tx=_tx(("local", lr)), tau=2)
+  return sim.algorithm("sgp", worker_tx=_tx(("local", lr)))
+
+
+def training_cluster(preset: Preset, name: str, model_bytes: float) -> cl.Cluster:
+  """The simulated cluster of the MNIST-1D runs, scaled from the paper's ResNet-50 cluster.
+
+  One time unit is a worker's iteration. The wire time of a message, the PS's processing time
+  and the latency are those of ResNet-50 on the paper's cluster divided by its compute time, so
+  communication weighs on the small CNN exactly as it did on ResNet-50. Training runs one PS
+  (the simulator does not split the server's computation); its NIC and processing are those of
+  the paper's four shards together (4x a worker NIC's bandwidth, a quarter of the cost per
+  byte).
+  """
+  ref = cl.PAPER_MODELS[REFERENCE_MODEL]
+  paper = cl.paper_cluster(ref.compute_time)
+  wire_ratio = paper.wire_time(ref.nbytes) / ref.compute_time
+  ps_ratio = paper.ps_time(ref.nbytes, update=False) / ref.compute_time
+  bandwidth = model_bytes / wire_ratio
+  return cl.make_cluster(
+    preset.num_workers,
+    1.0,
+    slowdown=cl.PAPER_SLOWDOWNS[name],
+    bandwidth=bandwidth,
+    latency=paper.latency / ref.compute_time,
+    ps_cost_per_byte=ps_ratio / model_bytes / paper.num_shards,
+    ps_bandwidth=bandwidth * paper.num_shards,
+    num_shards=1,
+    workers_per_machine=2,
+    ps_colocated=False,
+  )
+
+
+def run_one(spec: RunSpec, preset: Preset, cache_dir: Path, *, profile: bool = False) -> dict:
+  """Simulates one training run and returns its JSON summary."""
+  problem = make_problem(preset, spec.seed, cache_dir)
+  nbytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(problem.params)))
+  cluster = training_cluster(preset, spec.cluster, nbytes)
+  budget = int(preset.epochs * len(problem.x_train))
+  result = sim.simulate(
+    make_algorithm(spec, preset),
+    cluster,
+    batch_size=preset.batch_size,
+    problem=problem,
+    num_samples=budget,
+    num_evals=preset.num_evals,
+    seed=spec.seed,
+    profile=profile,
+  )
+  out = result.summary()
+  out["spec"] = dataclasses.asdict(spec)
+  out["name"] = spec.name
+  out["model_bytes"] = nbytes
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Table 3 (timing only)
+# ------------------------------------------------------------------------------------------------
+
+
+def table3(
+  num_workers: int = 8, horizon_slow_iterations: int = 40, min_iterations: int = 1000
+) -> dict:
+  """Speed-ups of ``num_workers`` over one worker, timing-only, for both compute settings.
+
+  Returns:
+    ``{"rows": [...], "settings": {...}}``; each row has model, setting, cluster, algorithm,
+    speed-up and the workers' mean waiting fraction.
+  """
+  rows = []
+  settings = {}
+  for model in cl.PAPER_MODELS.values():
+    for setting in ("published", "calibrated"):
+      compute = model.compute_time
+      if setting == "calibrated":
+        paper_ar = PAPER_TABLE3["ar_sgd", "HO"][0 if model.name == "ResNet-50" else 1]
+        compute = cl.calibrated_compute_time(model, paper_ar, cl.paper_cluster(1.0))
+      settings[f"{model.name}/{setting}"] = {
+        "compute_time": compute,
+        "batch_size": model.batch_size,
+        "bytes": model.nbytes,
+        "images_per_second": model.batch_size / compute,
+      }
+      for name, factor in cl.PAPER_SLOWDOWNS.items():
+        cluster = cl.paper_cluster(compute, factor, num_workers=num_workers)
+        # Long enough for the slow worker's iterations and for 1000 of a normal worker's
+        # (the last, unfinished iteration then moves the speed-up by < 0.1%).
+        horizon = max(horizon_slow_iterations * max(cluster.compute_time), min_iterations * compute)
+        for alg in ALGORITHMS:
+          r = sim.simulate(
+            sim.algorithm(alg),
+            cluster,
+            batch_size=model.batch_size,
+            model_bytes=model.nbytes,
+            until_time=horizon,
+          )
+          rows.append(
+            {
+              "model": model.name,
+              "setting": setting,
+              "cluster": name,
+              "alg": alg,
+              "speedup": r.throughput * compute / model.batch_size,
+              "wait_fraction": statistics.mean(r.wait_time) / r.time,
+            }
+          )
+  return {"rows": rows, "settings": settings}
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+
+def _mean_std(values: Sequence[float], fmt: str = "{:.4f}") -> str:
+  values = [v for v in values if not math.isnan(v)]
+  if not values:
+    return "—"
+  if any(math.isinf(v) for v in values):
+    finite = [v for v in values if math.isfinite(v)]
+    return (
+      f"never ({len(values) - len(finite)}/{len(values)})"
+      if not finite
+      else (f"{fmt.format(statistics.mean(finite))} ({len(finite)}/{len(values)} reached)")
+    )
+  if len(values) == 1:
+    return fmt.format(values[0])
+  return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def _acc_at(run: dict, t: float) -> float:
+  acc = math.nan
+  for point in run["evals"]:
+    if point["time"] <= t + 1e-9:
+      acc = point["test_accuracy"]
+  return acc
+
+
+def _time_to(run: dict, target: float) -> float:
+  for point in run["evals"]:
+    if point["test_accuracy"] >= target:
+      return point["time"]
+  return math.inf
+
+
+def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) -> str:
+  """Writes tables.md, summary.json and the plots; returns the Markdown."""
+  lines: list[str] = []
+  plots: list[str] = []
+  if t3 is not None:
+    lines += _table3_md(t3)
+    plots.append(_plot_speedups(out, t3))
+
+  def cell(alg, cluster, **opts):
+    key_opts = dict(
+      period=4, normalise="mean_of_locals", server_tx="momentum", alpha="count", reply_every=0
+    )
+    key_opts.update(opts)
+    found = []
+    for run in runs.values():
+      s = run["spec"]
+      if s["alg"] != alg or s["cluster"] != cluster:
+        continue
+      if alg == "aladdin" and any(str(s.get(k, 0)) != str(v) for k, v in key_opts.items()):
+        continue
+      found.append(run)
+    return sorted(found, key=lambda r: r["spec"]["seed"])
+
+  # Table 2.
+  ar_ho = cell("ar_sgd", "HO")
+  target = 0.95 * statistics.mean(r["evals"][-1]["test_accuracy"] for r in ar_ho) if ar_ho else 0
+  if any(cell(a, c) for a in ALGORITHMS for c in preset.clusters):
+    lines += [
+      "## Table 2 (shape): MNIST-1D, CNN1D, 8 simulated workers",
+      "",
+      f"Budget: {preset.epochs:g} epochs of samples over all workers; per-worker batch "
+      f"{preset.batch_size}; time unit = one worker iteration. Accuracy at time T: T = the "
+      "shortest mean total time among the algorithms on that cluster (when the fastest has "
+      f"finished). Target = 95% of AR-SGD's final accuracy on HO ({target:.4f}).",
+      "",
+      "| cluster | algorithm | final test acc | total time | acc @ T | time to target | "
+      "throughput (samples/unit) | mean wait fraction | seeds |",
+      "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cluster in preset.clusters:
+      done = {a: cell(a, cluster) for a in ALGORITHMS}
+      times = [statistics.mean(r["time"] for r in rs) for rs in done.values() if rs]
+      budget_t = min(times) if times else math.nan
+      for alg in ALGORITHMS:
+        rs = done[alg]
+        if not rs:
+          lines.append(f"| {cluster} | {LABELS[alg]} | — | — | — | — | — | — | 0 |")
+          continue
+        lines.append(
+          f"| {cluster} | {LABELS[alg]} | "
+          f"{_mean_std([r['evals'][-1]['test_accuracy'] for r in rs])} | "
+          f"{_mean_std([r['time'] for r in rs], '{:.0f}')} | "
+          f"{_mean_std([_acc_at(r, budget_t) for r in rs])} (T={budget_t:.0f}) | "
+          f"{_mean_std([_time_to(r, target) for r in rs], '{:.0f}')} | "
+          f"{_mean_std([r['throughput'] for r in rs], '{:.0f}')} | "
+          f"{_mean_std([statistics.mean(r['wait_time']) / r['time'] for r in rs], '{:.2f}')} | "
+          f"{len(rs)} |"
+        )
+    lines.append("")
+    plots.append(
+      _plot_curves(out, preset, {c: {a: cell(a, c) for a in ALGORITHMS} for c in preset.clusters})
+    )
+
+  c = preset.study_cluster
+  variants = [
+    ("ablation", "L1: local self-update only (alpha = 0)", dict(alpha=0.0)),
+    (
+      "ablation",
+      f"L2: + PS-triggered local update, eager global update (period 1, reply "
+      f"every 4, alpha {L2['alpha']})",
+      L2,
+    ),
+    ("ablation", "full ALADDIN (period 4, alpha count)", {}),
+    ("period", "period 1, alpha count (= alpha 0 at every update)", dict(period=1)),
+    ("period", "period 2, alpha count", dict(period=2)),
+    ("period", "period 4, alpha count (full)", {}),
+    ("period", "period 1, alpha n_pi", dict(period=1, alpha="n_pi")),
+    ("period", "period 2, alpha n_pi", dict(period=2, alpha="n_pi")),
+    ("period", "period 4, alpha n_pi", dict(period=4, alpha="n_pi")),
+  ]
+  rows = [(label, cell("aladdin", c, **opts)) for _, label, opts in variants]
+  if any(rs for _, rs in rows):
+    lines += [
+      f"## Ablation and period ({c})",
+      "",
+      "| variant | final test acc | acc @ 50% of the budget | seeds |",
+      "|---|---|---|---|",
+    ]
+    for label, rs in rows:
+      half = [r["evals"][len(r["evals"]) // 2]["test_accuracy"] for r in rs]
+      lines.append(
+        f"| {label} | {_mean_std([r['evals'][-1]['test_accuracy'] for r in rs])} | "
+        f"{_mean_std(half)} | {len(rs)} |"
+      )
+    lines.append("")
+
+  choice_rows = []
+  for normalise in NORMALISES:
+    for server_tx in SERVER_TXS:
+      for alpha in ALPHAS:
+        rs = [
+          r
+          for r in cell("aladdin", c, normalise=normalise, server_tx=server_tx, alpha=alpha)
+          if r["spec"]["seed"] in preset.choice_seeds
+        ]
+        if rs:
+          choice_rows.append((normalise, server_tx, alpha, rs))
+  if choice_rows:
+    lines += [
+      f"## normalise x server_tx x alpha ({c}, seeds {list(preset.choice_seeds)})",
+      "",
+      "| normalise | server_tx | alpha | final test acc | final test loss | best acc |",
+      "|---|---|---|---|---|---|",
+    ]
+    choice_rows.sort(
+      key=lambda row: -statistics.mean(r["evals"][-1]["test_accuracy"] for r in row[3])
+    )
+    for normalise, server_tx, alpha, rs in choice_rows:
+      lines.append(
+        f"| {normalise} | {server_tx} | {alpha} | "
+        f"{_mean_std([r['evals'][-1]['test_accuracy'] for r in rs])} | "
+        f"{_mean_std([r['evals'][-1]['test_loss'] for r in rs])} | "
+        f"{_mean_std([max(p['test_accuracy'] for p in r['evals']) for r in rs])} |"
+      )
+    lines.append("")
+
+  overhead = out / "overhead.json"
+  if overhead.exists():
+    o = json.loads(overhead.read_text())
+    lines += [
+      "## Simulator overhead",
+      "",
+      f"One {o['name']} run with every JAX call timed (blocked on): wall {o['wall_time']:.2f} s, "
+      f"inside JAX {o['jax_time']:.2f} s, outside (the simulator's Python: heap, bookkeeping, "
+      f"batch slicing) {o['wall_time'] - o['jax_time']:.2f} s = "
+      f"**{o['overhead_fraction']:.1%} of wall time**; {o['num_events']} events.",
+      "",
+    ]
+  text = "\n".join(lines)
+  (out / "tables.md").write_text(text)
+  (out / "summary.json").write_text(
+    json.dumps(
+      {
+        "preset": dataclasses.asdict(preset),
+        "target": target,
+        "plots": plots,
+        "num_runs": len(runs),
+        "table3": t3,
+      },
+      indent=1,
+    )
+  )
+  return text
+
+
+def _table3_md(t3: dict) -> list[str]:
+  rows = {(r["model"], r["setting"], r["cluster"], r["alg"]): r for r in t3["rows"]}
+  lines = [
+    "## Table 3 (shape): speed-up of 8 workers over one (timing-only), ResNet-50 / VGG-16",
+    "",
+    "Compute per iteration: "
+    + "; ".join(
+      f"{k}: {v['compute_time'] * 1000:.0f} ms ({v['images_per_second']:.0f} images/s)"
+      for k, v in t3["settings"].items()
+    )
+    + ".",
+    "",
+  ]
+  for setting in ("published", "calibrated"):
+    lines += [
+      f"### compute time: {setting}",
+      "",
+      "| cluster | " + " | ".join(LABELS[a] for a in ALGORITHMS) + " | paper ALADDIN | "
+      "paper AR-SGD | paper SGP |",
+      "|---|" + "---|" * (len(ALGORITHMS) + 3),
+    ]
+    for cluster in CLUSTERS:
+      cells = []
+      for alg in ALGORITHMS:
+        vals = [rows[m, setting, cluster, alg]["speedup"] for m in cl.PAPER_MODELS]
+        cells.append(" / ".join(f"{v:.2f}" for v in vals))
+      paper = [
+        " / ".join(f"{v:.2f}" for v in PAPER_TABLE3[a, cluster])
+        for a in ("aladdin", "ar_sgd", "sgp")
+      ]
+      lines.append(f"| {cluster} | " + " | ".join(cells + paper) + " |")
+    lines.append("")
+  return lines
+
+
+def save_figure(fig: Any, path: Path) -> None:
+  """Writes ``fig`` as PNG and closes it."""
+  import matplotlib.pyplot as plt
+
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _plot_speedups(out: Path, t3: dict) -> str:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+  rows = {(r["model"], r["setting"], r["cluster"], r["alg"]): r["speedup"] for r in t3["rows"]}
+  width = 0.1
+  for ax, (mi, model) in zip(axes, enumerate(cl.PAPER_MODELS), strict=True):
+    x = np.arange(len(CLUSTERS))
+    for k, alg in enumerate(ALGORITHMS):
+      ax.bar(
+        x + (k - 3) * width,
+        [rows[model, "published", c, alg] for c in CLUSTERS],
+        width,
+        label=f"{LABELS[alg]} (sim)",
+      )
+    for k, alg in enumerate(("aladdin", "ar_sgd", "sgp")):
+      ax.bar(
+        x + (k + 2.5) * width,
+        [PAPER_TABLE3[alg, c][mi] for c in CLUSTERS],
+        width,
+        hatch="//",
+        fill=False,
+        label=f"{LABELS[alg]} (paper)",
+      )
+    ax.set_xticks(x, CLUSTERS)
+    ax.set_title(f"{model}: speed-up of 8 workers (published compute times)")
+    ax.axhline(8, color="gray", lw=0.5)
+  axes[0].set_ylabel("speed-up over one worker")
+  axes[1].legend(fontsize=7, ncol=2)
+  save_figure(fig, out / "speedup_table3.png")
+  return "speedup_table3.png"
+
+
+def _plot_curves(out: Path, preset: Preset, cells: dict[str, dict[str, list[dict]]]) -> str:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  clusters = list(cells)
+  fig, axes = plt.subplots(2, len(clusters), figsize=(5 * len(clusters), 7), squeeze=False)
+  for j, cluster in enumerate(clusters):
+    for alg, rs in cells[cluster].items():
+      if not rs:
+        continue
+      n = min(len(r["evals"]) for r in rs)
+      t = [rs[0]["evals"][k]["time"] for k in range(n)]
+      it = [rs[0]["evals"][k]["iterations"] for k in range(n)]
+      acc = np.mean([[r["evals"][k]["test_accuracy"] for k in range(n)] for r in rs], axis=0)
+      axes[0, j].plot(t, acc, marker=".", label=LABELS[alg])
+      axes[1, j].plot(it, acc, marker=".", label=LABELS[alg])
+    axes[0, j].set_title(f"{cluster}: test accuracy vs simulated time")
+    axes[0, j].set_xlabel("simulated time (worker iterations)")
+    axes[1, j].set_title(f"{cluster}: test accuracy vs samples / (n B)")
+    axes[1, j].set_xlabel("cluster iterations")
+    for ax in axes[:, j]:
+      ax.set_ylim(0, 1)
+      ax.grid(alpha=0.3)
+  axes[0, 0].legend()
+  save_figure(fig, out / "accuracy_vs_time.png")
+  return "accuracy_vs_time.png"
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+
+
+def measure_overhead(out: Path, preset: Preset, cache_dir: Path) -> dict:
+  """Runs ALADDIN on the study cluster twice (the first compiles) and times the JAX calls of
+  the second; writes overhead.json."""
+  spec = RunSpec("overhead", "aladdin", preset.study_cluster, 0)
+  run_one(spec, preset, cache_dir)
+  t0 = time.perf_counter()
+  result = run_one(spec, preset, cache_dir, profile=True)
+  result["outer_wall_time"] = time.perf_counter() - t0
+  result["overhead_fraction"] = (result["wall_time"] - result["jax_time"]) / result["wall_time"]
+  keep = {
+    k: result[k]
+    for k in ("name", "wall_time", "jax_time", "num_events", "overhead_fraction", "outer_wall_time")
+  }
+  (out / "overhead.json").write_text(json.dumps(keep, indent=1))
+  return keep
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+  """Runs the study (see the module docstring) and returns the tables' Markdown."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI)")
+  parser.add_argument("--out", type=Path, default=None)
+  parser.add_argument("--cache_dir", type=Path, default=Path.home() / ".cache" / "mnist1d")
+  parser.add_argument(
+    "--parts",
+    nargs="+",
+    default=["table3", "table2", "ablation", "period", "choices", "overhead"],
+  )
+  parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th")
+  parser.add_argument("--report_only", action="store_true")
+  args = parser.parse_args(argv)
+  preset = PRESETS["smoke" if args.smoke else "default"]
+  out = args.out or (DEFAULT_OUT if not args.smoke else Path("/tmp/aladdin_smoke"))
+  (out / "runs").mkdir(parents=True, exist_ok=True)
+
+  t3 = None
+  t3_path = out / "table3.json"
+  if "table3" in args.parts and not args.report_only:
+    if t3_path.exists():
+      print("Table 3: finished earlier, skipped", flush=True)
+    else:
+      t0 = time.perf_counter()
+      t3 = table3(8, 4, 20) if args.smoke else table3()
+      t3_path.write_text(json.dumps(t3, indent=1))
+      print(
+        f"Table 3: {len(t3['rows'])} timing-only runs in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+      )
+  if t3_path.exists():
+    t3 = json.loads(t3_path.read_text())
+
+  grid = build_grid(preset, args.parts)
+  index, count = (int(v) for v in args.shard.split("/"))
+  mine = grid[index::count]
+  trained = skipped = 0
+  if not args.report_only:
+    for k, spec in enumerate(mine):
+      path = out / "runs" / f"{spec.name}.json"
+      if path.exists():
+        skipped += 1
+        print(f"[{k + 1}/{len(mine)}] {spec.name}: finished earlier, skipped", flush=True)
+        continue
+      t0 = time.perf_counter()
+      result = run_one(spec, preset, args.cache_dir)
+      tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+      tmp.write_text(json.dumps(result))
+      os.replace(tmp, path)
+      trained += 1
+      print(
+        f"[{k + 1}/{len(mine)}] {spec.name}: acc {result['evals'][-1]['test_accuracy']:.4f}, "
+        f"sim time {result['time']:.0f}, {time.perf_counter() - t0:.1f} s",
+        flush=True,
+      )
+    print(f"Trained {trained}, skipped {skipped}", flush=True)
+    if "overhead" in args.parts and index == 0 and not (out / "overhead.json").exists():
+      o = measure_overhead(out, preset, args.cache_dir)
+      print(f"Simulator overhead: {o['overhead_fraction']:.1%} of wall time", flush=True)
+
+  runs = {}
+  for path in sorted((out / "runs").glob("*.json")):
+    run = json.loads(path.read_text())
+    runs[run["name"]] = run
+  text = report(out, preset, runs, t3)
+  env = {
+    "machine": platform.machine(),
+    "processor": platform.processor(),
+    "cpus": os.cpu_count(),
+    "jax": jax.__version__,
+    "devices": str(jax.devices()),
+  }
+  (out / "machine.json").write_text(json.dumps(env, indent=1))
+  return text
+
+
+if __name__ == "__main__":
+  main()
