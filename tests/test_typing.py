@@ -1,0 +1,25 @@
+"""The package is typed: py.typed ships as package data (mypy itself runs in `make typecheck`)."""
+
+import importlib.resources
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_py_typed_is_shipped_and_mypy_is_configured():
+  assert importlib.resources.files("optax_lena").joinpath("py.typed").is_file()
+  config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+  assert "py.typed" in config["tool"]["setuptools"]["package-data"]["optax_lena"]
+  assert any(d.startswith("mypy") for d in config["project"]["optional-dependencies"]["dev"])
+  assert config["tool"]["mypy"]["files"] == ["optax_lena"]
+  makefile = (ROOT / "Makefile").read_text()
+  assert "typecheck:" in makefile and "test: install typecheck" in makefile
+
+
+def test_import_does_not_pull_flax():
+  import subprocess
+  import sys
+
+  code = "import sys, optax_lena; sys.exit(any(m.split('.')[0] == 'flax' for m in sys.modules))"
+  assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
