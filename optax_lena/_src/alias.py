@@ -135,7 +135,10 @@ def lena(
       ``warmup_threshold``).
     nesterov: Nesterov momentum.
     clock: ``"updates"`` (Optax convention) or ``"samples"`` (base steps t * S) for schedules.
-    num_samples: the S the statistics must have (checked at trace time), or None.
+    num_samples: the S the statistics must have (checked at trace time), or None. With None a
+      change of S between updates is accepted (the clip and the default beta follow the new
+      S); the state's last S is traced under ``jit`` and cannot be compared at trace time, so
+      pass ``num_samples=S`` to make a change an error.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,

@@ -38,7 +38,8 @@ class GradStats:
     sq_norm_mean: a pytree shaped like the gradients holding one float32 scalar per leaf,
       ``(1/S) * sum_i ||g_{i,leaf}||^2`` (the paper's ``top``).
     num_samples: S, the number of per-worker gradients averaged by the update (workers times
-      accumulated micro-batches).
+      accumulated micro-batches). Static: a different S retraces a jitted step, and
+      transformations built with ``num_samples=`` reject it at trace time.
     mean_grad_sq_norm: optional pytree of float32 scalars ``||(1/S) sum_i g_{i,leaf}||^2`` (the
       paper's ``bot``). The functions of this module always fill it, from the float32 mean before
       any down-cast, so the update need not read the gradients again. When it is ``None`` the
