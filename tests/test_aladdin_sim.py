@@ -142,6 +142,29 @@ def test_aladdin_send_buffer_throttles_a_worker_whose_uplink_cannot_keep_up():
   assert min(bounded.wait_time) > 0.45 * min(bounded.iterations)
 
 
+def test_jitter_is_seeded_and_dephases_equal_workers():
+  c = toy(4, jitter=0.2)
+  runs = [
+    sim.simulate(
+      sim.algorithm("aladdin"),
+      c,
+      batch_size=1,
+      model_bytes=NBYTES,
+      until_time=200.0,
+      seed=seed,
+      record_events=True,
+    )
+    for seed in (0, 0, 1)
+  ]
+  assert runs[0].events == runs[1].events and runs[0].events != runs[2].events
+  # Equal workers no longer finish together, and the mean compute time stays 1 s.
+  first = [t for t, kind, _ in runs[0].events if kind == "compute"][:4]
+  assert len(set(first)) == 4 and all(0.8 <= t < 1.2 for t in first)
+  assert runs[0].throughput == pytest.approx(4.0, rel=0.05)
+  with pytest.raises(ValueError, match="jitter"):
+    toy(2, jitter=1.0)
+
+
 def test_paper_cluster_speedups_are_ordered_like_the_paper():
   model = cl.PAPER_MODELS["ResNet-50"]
   speedup = {}

@@ -94,6 +94,7 @@ class Preset:
   choice_seeds: tuple[int, ...]
   num_evals: int
   width: int  # CNN1D features
+  jitter: float = 0.1  # +-10% per-iteration compute time: equal workers drift out of phase
 
 
 PRESETS = {
@@ -313,6 +314,7 @@ def training_cluster(preset: Preset, name: str, model_bytes: float) -> cl.Cluste
     num_shards=1,
     workers_per_machine=2,
     ps_colocated=False,
+    jitter=preset.jitter,
   )
 
 

@@ -7,7 +7,8 @@ a message, a parameter-server (PS) pass or a ring all-reduce takes.
 Model (the stated assumptions; ``docs/ALADDIN.md`` discusses them):
 
 * **Workers** compute one iteration (forward, backward, local optimizer step) in
-  ``compute_time[i]`` seconds, always the same (no jitter), one iteration at a time.
+  ``compute_time[i]`` seconds (times ``1 + jitter * u``, u uniform in [-1, 1) from a seeded
+  generator, when ``jitter > 0``), one iteration at a time.
 * **Network interfaces (NICs)** are full duplex: each has an uplink and a downlink of
   ``bandwidth`` bytes/s. Worker i uses NIC ``i // workers_per_machine``; PS shard s uses NIC
   ``s % num_machines`` when ``ps_colocated`` (the PS processes run on the worker machines and
@@ -55,6 +56,9 @@ class Cluster:
       share their NICs; else every shard has a NIC of its own.
     ps_bandwidth: bytes per second of the PS shards' own NICs (None: ``bandwidth``; unused when
       ``ps_colocated``). One fast PS NIC can stand for the aggregate of several shards.
+    jitter: each iteration's compute time is ``compute_time[i] * (1 + jitter * u)`` with u
+      uniform in [-1, 1), drawn from a generator seeded by (seed, worker): deterministic, but
+      workers of equal speed drift out of phase, as on a real cluster (0: exact times).
     send_buffer: how many of its messages a worker that does not wait for answers (ALADDIN) may
       have queued on its uplink; with that many still queued it waits until the oldest has
       left before sending the next (a send buffer). None: unbounded, the worker never waits.
@@ -69,6 +73,7 @@ class Cluster:
   ps_colocated: bool = False
   ps_bandwidth: float | None = None
   send_buffer: int | None = None
+  jitter: float = 0.0
 
   def __post_init__(self) -> None:
     times = tuple(float(t) for t in self.compute_time)
@@ -79,6 +84,8 @@ class Cluster:
       raise ValueError(f"bandwidth must be positive bytes/s, got {self.bandwidth}.")
     if self.latency < 0 or self.ps_cost_per_byte < 0:
       raise ValueError("latency and ps_cost_per_byte must be >= 0.")
+    if not 0 <= self.jitter < 1:
+      raise ValueError(f"jitter must be in [0, 1), got {self.jitter}.")
     if self.send_buffer is not None and self.send_buffer < 1:
       raise ValueError(f"send_buffer must be None or >= 1, got {self.send_buffer}.")
     if self.num_shards < 1 or self.workers_per_machine < 1:

@@ -367,7 +367,7 @@ def simulate(
     num_samples: stop when this many training samples (all workers) have been processed.
     until_time: stop at this simulated time (at least one of the two limits is needed).
     num_evals: evaluations of the model, evenly spaced in samples (plus one at the start).
-    seed: seeds every worker's batch order (training mode).
+    seed: seeds every worker's batch order (training mode) and compute-time jitter.
     record_events: keep ``(time, kind, worker)`` of every worker event in the result.
     profile: block on and time every JAX call (``SimResult.jax_time``), to measure the
       simulator's own overhead.
@@ -450,6 +450,8 @@ class _Base:
     self.evals: list[EvalPoint] = []
     self.final_params: PyTree = None
     self.losses: list[Any] = []
+    # Compute-time jitter: one generator per worker, apart from the batch streams' (seed, i).
+    self.jitter_rngs = [np.random.default_rng([seed, i, 1]) for i in range(self.n)]
     self.eval_every = (num_samples / num_evals) if num_samples and num_evals > 0 else math.inf
     self.next_eval = self.eval_every
     if self.train:
@@ -488,7 +490,10 @@ class _Base:
 
   # -- shared -------------------------------------------------------------------------------
   def compute_time(self, worker: int) -> float:
-    return self.cluster.compute_time[worker]
+    base = self.cluster.compute_time[worker]
+    if not self.cluster.jitter:
+      return base
+    return base * (1.0 + self.cluster.jitter * (2.0 * self.jitter_rngs[worker].random() - 1.0))
 
   def begin(self, worker: int) -> None:
     """Worker starts an iteration now (its idle time since ``idle_since`` counts as waiting)."""
