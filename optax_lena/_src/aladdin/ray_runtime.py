@@ -161,11 +161,11 @@ class _Sharding:
       return
     from optax_lena import aladdin as al
 
-    if not hasattr(al, "shard_params"):  # the core's sharding has not landed in this checkout
-      raise NotImplementedError("ps_shards > 1 needs optax_lena.aladdin.shard_params.")
+    # Memory-wise: shards of at most total / num_shards bytes (a larger leaf is cut across
+    # shards); greedy packing may need one shard more than asked, which the runtime then uses.
     total = sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
-    self._spec = al.shard_params(params, max_bytes=math.ceil(total / num_shards))
-    self.num_shards = len(self._spec.split(params))
+    self._spec = al.shard_params(params, max_shard_bytes=math.ceil(total / num_shards))
+    self.num_shards = self._spec.num_shards
 
   def split(self, tree: PyTree) -> list[PyTree]:
     return [tree] if self._spec is None else list(self._spec.split(tree))
@@ -225,7 +225,7 @@ class ServerShard:
         # the sender's verdict on its whole gradient and this shard's check of its own slice
         return receive_accepting(state, grads, worker, jnp.logical_and(finite, all_finite(grads)))
 
-      self._receive = jax.jit(receive, donate_argnums=0)
+      self._receive = jax.jit(receive)
     elif algorithm == "asp":
       server = al.asp_server(server_tx)
       self.state = server.init(params)
@@ -249,8 +249,7 @@ class ServerShard:
 
     zeros = jax.tree.map(np.zeros_like, params)
     if self.config.algorithm == "aladdin":
-      state = jax.tree.map(jnp.copy, self.state)  # receive donates its state
-      out = self._receive(state, zeros, np.int32(0), np.bool_(False))
+      out = self._receive(self.state, zeros, np.int32(0), np.bool_(False))
     elif self.config.algorithm == "asp":
       out = self._receive(self.state, zeros)
     else:
@@ -299,6 +298,10 @@ class ServerShard:
 
   # -- messages -----------------------------------------------------------------------------
 
+  def _reject(self, why: Any) -> None:
+    self.num_bad_tree += 1
+    self.last_rejection = str(why)[:300]
+
   def _well_formed(self, tree: PyTree) -> bool:
     import jax
 
@@ -314,12 +317,12 @@ class ServerShard:
     """
     self.num_messages += 1
     if not self._well_formed(grads):
-      self.num_bad_tree += 1
+      self._reject("wrong tree structure")
       return None
     try:
       self.state, reply = self._receive(self.state, grads, np.int32(worker), np.bool_(finite))
-    except (ValueError, TypeError, IndexError):
-      self.num_bad_tree += 1  # shapes, dtypes or worker index the server refuses
+    except (ValueError, TypeError, IndexError) as err:
+      self._reject(err)  # shapes, dtypes or worker index the server refuses
       return None
     if not bool(reply.ready):
       return None
@@ -331,12 +334,12 @@ class ServerShard:
     del worker
     self.num_messages += 1
     if not self._well_formed(grads):
-      self.num_bad_tree += 1
+      self._reject("wrong tree structure")
       return None
     try:
       self.state, params = self._receive(self.state, grads)
-    except (ValueError, TypeError):
-      self.num_bad_tree += 1
+    except (ValueError, TypeError) as err:
+      self._reject(err)
       return None
     self._after_update()
     return _to_numpy(params)
@@ -347,12 +350,12 @@ class ServerShard:
 
     self.num_messages += 1
     if not self._well_formed(local):
-      self.num_bad_tree += 1
+      self._reject("wrong tree structure")
       return None
     try:
       self.state, new_local = self._exchange(self.state, local, jnp.int32(worker))
-    except (ValueError, TypeError, IndexError):
-      self.num_bad_tree += 1
+    except (ValueError, TypeError, IndexError) as err:
+      self._reject(err)
       return None
     self._after_update()
     return _to_numpy(new_local)
@@ -380,6 +383,7 @@ class ServerShard:
       "global_updates": self._num_updates(),
       "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
       "rejected_bad_tree": self.num_bad_tree,
+      "last_rejection": getattr(self, "last_rejection", ""),
       "checkpoints": self.num_checkpoints,
       "restored_updates": self.restored_updates,
       "restarted": bool(ray.get_runtime_context().was_current_actor_reconstructed),
@@ -399,14 +403,13 @@ class Reducer:
 
     The sum runs in worker-index order, so the result does not depend on arrival order.
     """
-    import jax
+    from optax_lena import aladdin as al
 
     entry = self.rounds.setdefault(step, {"grads": {}, "event": asyncio.Event(), "served": 0})
     entry["grads"][int(worker)] = grads
     if len(entry["grads"]) == self.num_workers:
       ordered = [entry["grads"][i] for i in range(self.num_workers)]
-      total = jax.tree.map(lambda *xs: sum(xs[1:], start=np.array(xs[0])), *ordered)
-      entry["mean"] = jax.tree.map(lambda s: (s / self.num_workers).astype(s.dtype), total)
+      entry["mean"] = _to_numpy(al.ar_sgd_mean(ordered))
       entry["event"].set()
     else:
       await entry["event"].wait()
@@ -845,9 +848,9 @@ class Runtime:
     self.task, self.config = task, config
     self.stall_timeout = stall_timeout
     self.owns_cluster = connect(address, num_cpus=num_cpus, resources=resources, temp_dir=temp_dir)
+    # Every process derives the same ShardSpec from (init_params, config.ps_shards); the number
+    # of shards actually used is self.sharding.num_shards.
     self.sharding = _Sharding(task.init_params, config.ps_shards)
-    config = dataclasses.replace(config, ps_shards=self.sharding.num_shards)
-    self.config = config
     params = _to_numpy(task.init_params)
     slices = self.sharding.split(params)
     # Actors request no CPU: a small machine runs more actors than it has cores, and placement
