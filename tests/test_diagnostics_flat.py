@@ -129,6 +129,10 @@ def test_nnx_state_gives_named_plain_trees():
   grads, stats = ol.stacked_grad_stats(jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, x))
   optimizer.update(model, grads, grad_stats=stats)
   param_state = nnx.state(model, nnx.Param)
+  # nnx.Optimizer wraps its state in OptArray / OptVariable: diagnostics returns plain arrays.
+  plain = ol.diagnostics(optimizer.opt_state)
+  assert all(type(v) is type(jnp.zeros(1)) for v in plain.values()), plain
+  np.testing.assert_array_equal(plain["num_samples"], S)
   diag = ol.diagnostics(optimizer.opt_state, param_state)
   leaves = jax.tree.leaves(diag["gain_ratio"], is_leaf=lambda v: isinstance(v, nnx.Variable))
   assert leaves and not any(isinstance(v, nnx.Variable) for v in leaves)

@@ -69,7 +69,8 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
   """Per-layer gain ratios, warm-up state, rate multipliers and noise scales (jittable).
 
   Args:
-    opt_state: the state of an optax_lena optimizer (or of any chain containing its blocks).
+    opt_state: the state of an optax_lena optimizer (or of any chain containing its blocks),
+      also ``nnx.Optimizer(...).opt_state``.
     params: optional parameters (or any tree shaped like them); when given, per-layer entries
       are returned as trees shaped like it instead of vectors in ``jax.tree.leaves`` order.
 
@@ -88,7 +89,8 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
     are removed, so the trees hold plain arrays). For logging use :func:`flat_diagnostics`,
     whose values are finite Python floats keyed by parameter path.
   """
-  found = _find_states(opt_state)
+  # nnx.Optimizer keeps its state as OptArray / OptVariable wrappers: read the plain arrays.
+  found = _find_states(unwrap_variables(opt_state))
   ratio_states = found[gain_ratio.GainRatioState]
   layer_warmups = found[warmup.LayerwiseWarmupState]
   if not ratio_states and layer_warmups:
