@@ -121,7 +121,10 @@ def _mean_over_workers(x: jax.Array) -> jax.Array:
   """Floating state (batch statistics) is averaged over workers, as data-parallel training
   does with ``pmean``; integer state (e.g. RNG counters, equal on every worker) is worker 0's."""
   if jnp.issubdtype(x.dtype, jnp.inexact):
-    return jnp.mean(x, axis=0).astype(x.dtype)
+    # Worker 0's value plus the mean deviation: exactly unchanged when the workers agree (e.g.
+    # running statistics in eval mode, frozen variables) for any S, not only powers of two.
+    x0 = x[0]
+    return (x0 + jnp.mean(x - x0, axis=0)).astype(x.dtype)
   return x[0]
 
 

@@ -160,10 +160,17 @@ def test_nnx_workers_draw_different_dropout_masks():
   bot = np.asarray(stats.mean_grad_sq_norm["conv"]["kernel"])
   assert top > bot * (1 + 1e-3)  # identical data: only the dropout masks make workers differ
   model.eval()  # no dropout, running statistics: the workers agree exactly
+  before = leaves64(nnx.state(model, nnx.BatchStat))
   _, _, stats = JIT_NNX_GRAD_STATS(mse, model, same)
   np.testing.assert_allclose(
     stats.sq_norm_mean["conv"]["kernel"], stats.mean_grad_sq_norm["conv"]["kernel"], rtol=1e-5
   )
+  # Unchanged running statistics stay bitwise unchanged, also for S = 3 (not a power of two).
+  three = jax.tree.map(lambda a: a[:3], same)
+  _, _, stats = JIT_NNX_GRAD_STATS(mse, model, three)
+  assert stats.num_samples == 3
+  for a, b in zip(before, leaves64(nnx.state(model, nnx.BatchStat)), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 def nnx_train(make, steps=3, jit="nnx", sharded=False, seed=0):
