@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from examples import analysis, optimizers, train
+from examples import analysis, metrics, optimizers, train
 from examples import configs as configs_lib
 from examples.analysis import TARGET_FRACTIONS, iterations_to_target
 
@@ -142,8 +142,8 @@ def run_methods(
       "config": cfg,
       "seconds": seconds,
       "layout": json.loads((run_dir / "config.json").read_text())["layout"],
-      "evals": train.read_metrics(run_dir, "eval"),
-      "all": train.read_metrics(run_dir, None),
+      "evals": metrics.read_metrics(run_dir, "eval"),
+      "all": metrics.read_metrics(run_dir, None),
     }
     final = results[method.label]["evals"][-1]["eval_accuracy"]
     print(f"   {method.label}: test accuracy {final:.4f} in {seconds:.0f} s", flush=True)

@@ -24,7 +24,7 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -124,7 +124,7 @@ def load_mnist1d(
     # several training processes) then never observe a half-written cache file.
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-      np.savez(f, **data)
+      np.savez(f, **cast("dict[str, Any]", data))
     os.replace(tmp, path)
 
   n_train = len(data["y_train"])
@@ -218,7 +218,7 @@ def _import_tf() -> tuple[Any, Any]:
   """Imports TensorFlow / TFDS on first use and keeps TensorFlow off the accelerators."""
   # Quieten TF's C++ start-up logging unless the user asked for it.
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import tensorflow as tf
+  import tensorflow as tf  # type: ignore[import-untyped, unused-ignore]
   import tensorflow_datasets as tfds
 
   # TF would otherwise grab (all of) the GPU memory that JAX needs; the pipeline is CPU-only.
@@ -419,7 +419,7 @@ class Mnist1dData:
   """MNIST-1D, generated offline and cached (:func:`load_mnist1d`)."""
 
   num_classes = 10
-  input_shape = (40,)
+  input_shape: tuple[int, ...] = (40,)
 
   def __init__(self, config: Config, eval_batch: int):
     d = load_mnist1d(
@@ -453,7 +453,7 @@ class Mnist1dData:
 class CifarData:
   """CIFAR-10/100 from a prepared TFDS ``data_dir`` (:func:`load_cifar`)."""
 
-  input_shape = (32, 32, 3)
+  input_shape: tuple[int, ...] = (32, 32, 3)
   chunk = 1024  # examples per tf.data batch; global batches are cut from these
 
   def __init__(self, config: Config, eval_batch: int):

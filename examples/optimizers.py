@@ -79,7 +79,7 @@ class Hyperparams:
       return eta0
     warmup_updates = self.warmup_fraction * total  # W / S updates
 
-    def schedule(count: jax.Array) -> jax.Array:
+    def schedule(count: jax.Array) -> jax.typing.ArrayLike:
       rate = eta0 if decay is None else eta0 * decay ** (count / total)
       if fixed:  # same factor as LSW's min(t S / W, 1), t = count + 1
         rate = rate * jnp.minimum((count + 1) / warmup_updates, 1.0)
@@ -178,10 +178,10 @@ def build(name: str, hp: Hyperparams) -> optax.GradientTransformationExtraArgs:
   entry = get(name)
   if hp.warmup not in entry.warmups:
     stats = [o.name for o in _REGISTRY.values() if hp.warmup in o.warmups]
+    why = " (it needs gradient statistics)" if hp.warmup == "state_aware" else ""
     raise ValueError(
-      f"warmup={hp.warmup!r} is not implemented by optimizer {name!r} (it has "
-      f"{', '.join(entry.warmups)}); the state-aware warm-up needs gradient statistics. "
-      f"Optimizers with warmup={hp.warmup!r}: {', '.join(stats)}."
+      f"warmup={hp.warmup!r}{why} is not implemented by optimizer {name!r}, which has "
+      f"{', '.join(entry.warmups)}. Optimizers with warmup={hp.warmup!r}: {', '.join(stats)}."
     )
   # A no-op for chains (already GradientTransformationExtraArgs); makes a bare transformation
   # accept (and ignore) grad_stats=.
@@ -193,8 +193,11 @@ def build(name: str, hp: Hyperparams) -> optax.GradientTransformationExtraArgs:
 # ----------------------------------------------------------------------------------------------
 
 
-def _large_batch(rule: Callable[..., optax.GradientTransformation]) -> Callable[..., Any]:
-  """Builder of an ``optax_lena`` alias: momentum SGD, rate on the sample clock (paper)."""
+def _large_batch(
+  alias: Callable[..., optax.GradientTransformation], grouped: bool = False
+) -> Callable[[Hyperparams], optax.GradientTransformation]:
+  """Builder of an ``optax_lena`` alias: momentum SGD with coupled weight decay, the rate on
+  the sample clock t * S (the paper's), either warm-up; ``grouped``: it takes ``grouping=``."""
 
   def build_fn(hp: Hyperparams) -> optax.GradientTransformation:
     kw: dict[str, Any] = dict(
@@ -204,9 +207,9 @@ def _large_batch(rule: Callable[..., optax.GradientTransformation]) -> Callable[
       num_samples=hp.num_samples,
       **hp.warmup_kwargs(),
     )
-    if rule is ol.lena:
+    if grouped:
       kw["grouping"] = GROUPINGS[hp.grouping]
-    return rule(hp.sample_schedule(), **kw)
+    return alias(hp.sample_schedule(), **kw)
 
   return build_fn
 
@@ -219,19 +222,44 @@ def _sgd(hp: Hyperparams) -> optax.GradientTransformation:
   )
 
 
-_STATS_WARMUPS = ("none", "fixed", "state_aware")
-for _entry in (
-  Optimizer("sgd", _sgd, "SGD 1 worker"),
-  Optimizer("lsw", _large_batch(ol.linear_scaling), "LSW", "fixed", True, _STATS_WARMUPS),
-  Optimizer("adascale", _large_batch(ol.adascale), "AdaScale", "none", True, _STATS_WARMUPS),
-  Optimizer("lena", _large_batch(ol.lena), "LENA", "state_aware", True, _STATS_WARMUPS),
+def _lars(hp: Hyperparams) -> optax.GradientTransformation:
+  return optax.lars(hp.update_schedule(), weight_decay=hp.weight_decay, momentum=hp.momentum)
+
+
+def _lamb(hp: Hyperparams) -> optax.GradientTransformation:
+  return optax.lamb(hp.update_schedule(), weight_decay=hp.weight_decay)
+
+
+register(Optimizer(name="sgd", build=_sgd, label="SGD 1 worker"))
+register(
   Optimizer(
-    "lars",
-    lambda hp: optax.lars(hp.update_schedule(), weight_decay=hp.weight_decay, momentum=hp.momentum),
-    "LARS",
-  ),
+    name="lsw",
+    build=_large_batch(ol.linear_scaling),
+    label="LSW",
+    paper_warmup="fixed",
+    diagnostics=True,
+    warmups=WARMUPS,
+  )
+)
+register(
   Optimizer(
-    "lamb", lambda hp: optax.lamb(hp.update_schedule(), weight_decay=hp.weight_decay), "LAMB"
-  ),
-):
-  register(_entry)
+    name="adascale",
+    build=_large_batch(ol.adascale),
+    label="AdaScale",
+    paper_warmup="none",
+    diagnostics=True,
+    warmups=WARMUPS,
+  )
+)
+register(
+  Optimizer(
+    name="lena",
+    build=_large_batch(ol.lena, grouped=True),
+    label="LENA",
+    paper_warmup="state_aware",
+    diagnostics=True,
+    warmups=WARMUPS,
+  )
+)
+register(Optimizer(name="lars", build=_lars, label="LARS"))
+register(Optimizer(name="lamb", build=_lamb, label="LAMB"))

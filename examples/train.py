@@ -3,8 +3,9 @@
 Laid out like Flax's ``examples/imagenet/train.py``: :func:`create_train_state`, the step
 functions and :func:`train_and_evaluate`, read top to bottom. The rest lives next door:
 ``input_pipeline`` (datasets), ``models``, ``optimizers`` (the registry ``config.optimizer``
-names), ``parallel`` (batch layout and the shard_map / pmap / GSPMD strategies) and ``main``
-(the command line).
+names), ``parallel`` (batch layout and the shard_map / pmap / GSPMD strategies),
+``metrics`` (``config.json``, ``metrics.jsonl``), ``checkpoints`` (Orbax) and ``main`` (the
+command line).
 
 One update averages S per-worker gradients of ``per_worker_batch`` examples each, computed on
 ``num_devices`` devices that each accumulate ``micro_batches`` of them
@@ -17,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flax
 import jax
@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 import tqdm
 
 import optax_lena as ol
-from examples import input_pipeline, models, optimizers, parallel
+from examples import checkpoints, input_pipeline, metrics, models, optimizers, parallel
 from examples.configs import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,7 @@ PyTree = Any
 Batch = dict[str, np.ndarray]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-RNG_IMPLS = {
-  "default": None,
-  "threefry2x32": "threefry2x32",
-  "rbg": "rbg",
-  "unsafe_rbg": "unsafe_rbg",
-}
-# Per-layer diagnostics written to metrics.jsonl as {layer: value} dicts.
-DIAGNOSTICS = ("lr_multiplier", "gain_ratio", "warmup_end_step")
-
-__all__ = ["ConfigError", "TrainState", "create_train_state", "train_and_evaluate"]
+RNG_IMPLS = ("default", "threefry2x32", "rbg", "unsafe_rbg")  # 'default': JAX's (threefry)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,7 +124,7 @@ def create_train_state(
 # ----------------------------------------------------------------------------------------------
 
 
-def cross_entropy_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+def cross_entropy_loss(logits: jax.Array, labels: jax.typing.ArrayLike) -> jax.Array:
   """Per-example softmax cross-entropy."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
@@ -149,7 +140,7 @@ def loss_fn(
     )
     batch_stats = new_vars["batch_stats"]
   else:
-    logits = model.apply(variables, batch["x"], train=True)
+    logits = cast(jax.Array, model.apply(variables, batch["x"], train=True))
   loss = jnp.mean(cross_entropy_loss(logits, batch["y"]))
   accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
   return loss, (batch_stats, accuracy)
@@ -181,7 +172,8 @@ def apply_update(
   """One optimizer update from the workers' averaged gradients, statistics and ``aux``."""
   # Optax's chain hands grad_stats only to the members that take it: plain optimizers too.
   updates, opt_state = tx.update(grads, state.opt_state, state.params, grad_stats=stats)
-  new_state = state.replace(
+  new_state = dataclasses.replace(  # flax.struct's .replace, spelled so that type checkers see it
+    state,
     step=state.step + 1,
     params=optax.apply_updates(state.params, updates),
     batch_stats=aux["batch_stats"],
@@ -195,7 +187,7 @@ def eval_step(state: TrainState, batch: Batch, *, model: flax.linen.Module) -> d
   variables = {"params": state.params}
   if state.batch_stats:
     variables["batch_stats"] = state.batch_stats
-  logits = model.apply(variables, batch["x"], train=False)
+  logits = cast(jax.Array, model.apply(variables, batch["x"], train=False))
   mask = batch["mask"]
   return {
     "loss": jnp.sum(mask * cross_entropy_loss(logits, batch["y"])),
@@ -227,67 +219,6 @@ def evaluate(
 
 
 # ----------------------------------------------------------------------------------------------
-# Metrics and checkpoints
-# ----------------------------------------------------------------------------------------------
-
-
-def diagnostics_record(opt_state: optax.OptState, params: PyTree) -> dict[str, Any]:
-  """Per-layer rate multipliers, ratios and warm-up end steps as ``{layer: value}`` dicts."""
-  flat = ol.flat_diagnostics(opt_state, params)
-  out: dict[str, Any] = {k: {} for k in DIAGNOSTICS}
-  for key, value in flat.items():
-    metric, _, layer = key.partition("/")
-    if metric in out:
-      out[metric][layer] = value
-  # flat_diagnostics leaves out the layers still warming up; the records keep -1 for them.
-  ends = out["warmup_end_step"]
-  out["warmup_end_step"] = {k: int(ends.get(k, -1)) for k in out["lr_multiplier"]}
-  out["global_ratio"] = flat.get("global_ratio")
-  out["num_skipped_steps"] = int(flat["num_skipped_steps"])
-  return out
-
-
-def read_metrics(workdir: str | Path, kind: str | None = "eval") -> list[dict[str, Any]]:
-  """The records of a run's ``metrics.jsonl`` of this ``type`` (``'eval'``, ``'train'``, None:
-  all), in order."""
-  lines = (Path(workdir) / "metrics.jsonl").read_text().splitlines()
-  records = [json.loads(line) for line in lines if line]
-  return [r for r in records if kind is None or r.get("type") == kind]
-
-
-def _start_metrics(path: Path, resume_step: int) -> None:
-  """Empties ``metrics.jsonl``, or drops the records after the checkpoint we resume from."""
-  lines = path.read_text().splitlines() if resume_step and path.exists() else []
-  kept = [line for line in lines if line and json.loads(line).get("iteration", 0) <= resume_step]
-  path.write_text("".join(f"{line}\n" for line in kept))
-
-
-def _checkpoint_tree(
-  state: TrainState, seed: int, global_batch: int, num_train: int, wall_time: float
-) -> dict[str, Any]:
-  """What a checkpoint holds: the state and where the data stream stands."""
-  # The stream is a function of (seed, epoch), so its position after `step` updates is all
-  # that is needed to continue the same sequence of batches (see global_batches).
-  epoch, offset = divmod(int(state.step) * global_batch, num_train)
-  data = {"seed": seed, "epoch": epoch, "example_in_epoch": offset}
-  return {
-    "state": state,
-    "data": {k: np.array(v, np.int64) for k, v in data.items()},
-    "wall_time": np.array(wall_time, np.float64),
-  }
-
-
-def restore_checkpoint(workdir: str | Path, step: int | None = None) -> dict[str, Any]:
-  """A checkpoint of ``workdir`` (the latest if ``step`` is None) as nested dicts of arrays
-  (``'state'``, ``'data'``, ``'wall_time'``), read without a template."""
-  with ocp.CheckpointManager(Path(workdir).absolute() / "checkpoints") as manager:
-    step = manager.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints.")
-    return manager.restore(step, args=ocp.args.StandardRestore())
-
-
-# ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------
 
@@ -301,7 +232,7 @@ def validate_config(config: Config) -> None:
     "dataset": input_pipeline.DATASETS,
     "dtype": tuple(DTYPES),
     "grouping": tuple(optimizers.GROUPINGS),
-    "rng_impl": tuple(RNG_IMPLS),
+    "rng_impl": RNG_IMPLS,
     "eval_split": ("test", "validation"),
     "model": tuple(models._MODELS),  # the names models.create_model accepts
   }
@@ -318,21 +249,6 @@ def run_length(config: Config, num_train: int, layout: parallel.BatchLayout) -> 
   total = config.num_steps if config.num_steps > 0 else int(config.num_epochs * per_epoch)
   every = config.eval_every if config.eval_every > 0 else max(1, round(per_epoch))
   return max(total, 1), every
-
-
-def _write_config(workdir: Path, record: dict[str, Any], resuming: bool) -> None:
-  """Writes ``config.json``; warns when a resumed run's configuration changed."""
-  path = workdir / "config.json"
-  if resuming and path.exists():
-    old = json.loads(path.read_text())
-    changed = sorted(k for k, v in record.items() if k != "progress_bar" and old.get(k) != v)
-    if changed:
-      log.warning(
-        "Resuming with a changed configuration (%s): the result will differ from an "
-        "uninterrupted run.",
-        ", ".join(changed),
-      )
-  path.write_text(json.dumps(record, indent=2))
 
 
 def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
@@ -372,24 +288,17 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     functools.partial(worker_grads, model=model),
     functools.partial(apply_update, tx=tx),
   )
-  rng = jax.random.key(config.seed, impl=RNG_IMPLS[config.rng_impl])
+  rng = jax.random.key(config.seed, impl=None if config.rng_impl == "default" else config.rng_impl)
   state = strategy.on_mesh(create_train_state(rng, model, tx, data.input_shape))
   logs_diagnostics = optimizers.get(config.optimizer).diagnostics
 
   # Resume from the last checkpoint, if any.
   wall_offset = 0.0
-  manager = None
-  if config.checkpoint_every > 0:
-    options = ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True)
-    manager = ocp.CheckpointManager(workdir.absolute() / "checkpoints", options=options)
-  if manager is not None and manager.latest_step() is not None:
-    template = _checkpoint_tree(state, config.seed, global_batch, data.num_train, 0.0)
-    restored = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(template))
-    if int(restored["data"]["seed"]) != config.seed:
-      raise ConfigError(
-        f"The checkpoint in {workdir} was written with seed {int(restored['data']['seed'])}, "
-        f"not {config.seed}."
-      )
+  manager, restored = checkpoints.manager(workdir, config), None
+  if manager is not None:
+    template = checkpoints.checkpoint_tree(state, config.seed, global_batch, data.num_train, 0)
+    restored = checkpoints.restore_latest(manager, template, config.seed)
+  if restored is not None:
     state, wall_offset = restored["state"], float(restored["wall_time"])
     log.info(
       "Resumed from checkpoint at step %d (epoch %d, example %d).",
@@ -397,7 +306,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     )
   start_step = int(state.step)
   layout_record = {**dataclasses.asdict(layout), "num_samples": s, "global_batch": global_batch}
-  _write_config(
+  metrics.write_config(
     workdir,
     {
       **dataclasses.asdict(config),
@@ -407,8 +316,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     },
     resuming=start_step > 0,
   )
-  metrics_path = workdir / "metrics.jsonl"
-  _start_metrics(metrics_path, start_step)
+  writer = metrics.MetricsWriter(workdir, start_step)
 
   def record(step: int, kind: str, host_state: TrainState) -> dict[str, Any]:
     """A metrics record; train loss and accuracy average the updates since the last."""
@@ -424,7 +332,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       "train_accuracy": mean("accuracy"),
     }
     if logs_diagnostics:
-      rec.update(diagnostics_record(host_state.opt_state, host_state.params))
+      rec.update(metrics.diagnostics_record(host_state.opt_state, host_state.params))
     return rec
 
   # The training loop.
@@ -442,8 +350,8 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     disable=None if config.progress_bar else True,  # None: off if not a tty
   )
   for step in bar:
-    device_state, metrics = strategy.step(device_state, strategy.shard_batch(next(batches)))
-    train_metrics.append(metrics)
+    device_state, step_metrics = strategy.step(device_state, strategy.shard_batch(next(batches)))
+    train_metrics.append(step_metrics)
     done = step + 1
     is_eval = done % eval_every == 0 or done == total_steps
     is_log = config.log_every > 0 and done % config.log_every == 0
@@ -463,12 +371,13 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     elif is_log:
       rec = record(done, "train", host_state)
     if rec is not None:
-      with metrics_path.open("a") as f:
-        f.write(json.dumps(rec) + "\n")
+      writer.write(rec)
       train_metrics = []
     if manager is not None and is_ckpt:
       wall = wall_offset + time.perf_counter() - t0
-      tree = _checkpoint_tree(host_state, config.seed, global_batch, data.num_train, wall)
+      tree = checkpoints.checkpoint_tree(
+        host_state, config.seed, global_batch, data.num_train, wall
+      )
       manager.save(done, args=ocp.args.StandardSave(tree))
   bar.close()
   if manager is not None:

@@ -19,10 +19,11 @@ pytest.importorskip("mnist1d")
 pytest.importorskip("flax")
 pytest.importorskip("matplotlib")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "colab" / "lena_vs_adascale.ipynb"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO_ROOT / "colab" / "lena_vs_adascale.ipynb"
 
 # Appended after the `parameters` cell, as papermill does.
-TINY_PARAMETERS = """\
+TINY_PARAMETERS = f"""\
 # Injected by tests/test_colab.py
 DATASET = "mnist1d"
 STEPS = 12
@@ -32,6 +33,7 @@ EVAL_EVERY = 4
 SEED = 0
 TINY = True
 INSTALL = False
+OPTAX_LENA_PATH = {str(REPO_ROOT)!r}
 """
 
 # Appended at the end: the MNIST-1D path must not touch TensorFlow (Datasets).
@@ -57,7 +59,7 @@ def _install_index(nb):
   idx = [
     i
     for i, c in enumerate(nb.cells)
-    if c.cell_type == "code" and "pip" in c.source and "OPTAX_LENA_REPO" in c.source
+    if c.cell_type == "code" and "pip" in c.source and "OPTAX_LENA_PATH" in c.source
   ]
   assert len(idx) == 1, "expected exactly one install cell"
   return idx[0]
@@ -108,13 +110,18 @@ def test_notebook_structure():
   params = nb.cells[i].source
   for name in ("DATASET", "STEPS", "BATCH_SCALE", "PER_WORKER_BATCH", "SEED", "TINY", "INSTALL"):
     assert f"{name} =" in params, name
-  # The parameters precede the (skippable) install cell; the install cell reads the repository
-  # from OPTAX_LENA_REPO and never downloads MNIST-1D.
+  # The parameters precede the (skippable) install cell; the install cell installs the checkout
+  # (OPTAX_LENA_PATH or found from the working directory), with no placeholder URL.
   source = "\n".join(c.source for c in nb.cells)
   j = _install_index(nb)
   assert j > i
-  assert "OPTAX_LENA_REPO" in nb.cells[j].source and "INSTALL" in nb.cells[j].source
-  assert "make_dataset(" in source and "get_dataset(" not in source  # never mnist1d's download
+  assert "OPTAX_LENA_PATH" in nb.cells[j].source and "INSTALL" in nb.cells[j].source
+  assert "<your-org>" not in source and "git+" not in source
+  # Model, data, optimizers and analysis come from the example package, not from copies.
+  assert "from examples import" in source
+  for copy in ("nn.Module", "make_dataset(", "def iterations_to", "ol.lena(", "ol.adascale("):
+    assert copy not in source, copy
+  assert "get_dataset(" not in source  # never mnist1d's download
 
 
 def test_install_cell_skips_when_importable(capsys, monkeypatch):
@@ -125,7 +132,8 @@ def test_install_cell_skips_when_importable(capsys, monkeypatch):
   install = nb.cells[_install_index(nb)].source
   calls = []
   monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
-  exec(compile(install, "install_cell", "exec"), {"INSTALL": True})
+  monkeypatch.chdir(NOTEBOOK.parent)  # the checkout is found from colab/
+  exec(compile(install, "install_cell", "exec"), {"INSTALL": True, "OPTAX_LENA_PATH": None})
   assert calls == []
   assert "already importable" in capsys.readouterr().out
 

@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from examples import configs, input_pipeline, optimizers, train  # noqa: E402
+from examples import checkpoints, configs, input_pipeline, metrics, optimizers, train  # noqa: E402
 from examples import main as cli  # noqa: E402
 from examples import parallel as parallel_lib  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_smoke(optimizer: str, parallel: str, tmp_path: Path, cache_dir: str) ->
   state = train.train_and_evaluate(config, tmp_path)
   assert int(state.step) == 4
   assert all(np.isfinite(p).all() for p in _params(state))
-  evals = train.read_metrics(tmp_path, "eval")
+  evals = metrics.read_metrics(tmp_path, "eval")
   assert [r["iteration"] for r in evals] == [2, 4]
   for r in evals:
     assert 0.0 <= r["eval_accuracy"] <= 1.0 and math.isfinite(r["eval_loss"])
@@ -106,7 +106,7 @@ def test_parallel_modes_agree(tmp_path: Path, cache_dir: str) -> None:
     )
     state = train.train_and_evaluate(config, tmp_path / parallel)
     params[parallel] = _params(state)
-    evals[parallel] = train.read_metrics(tmp_path / parallel)[-1]
+    evals[parallel] = metrics.read_metrics(tmp_path / parallel)[-1]
     layout = json.loads((tmp_path / parallel / "config.json").read_text())["layout"]
     assert layout["num_samples"] == 16 and layout["global_batch"] == 128
   for parallel in ("pmap", "gspmd"):
@@ -137,7 +137,7 @@ def test_resnet18_on_mock_cifar10(tmp_path: Path) -> None:
   with tfds.testing.mock_data(num_examples=64):
     state = train.train_and_evaluate(config, tmp_path)
   assert int(state.step) == 2
-  (rec,) = train.read_metrics(tmp_path)
+  (rec,) = metrics.read_metrics(tmp_path)
   assert 0.0 <= rec["eval_accuracy"] <= 1.0 and math.isfinite(rec["train_loss"])
   assert len(rec["lr_multiplier"]) == 62  # one per ResNet-18 parameter leaf
   stats = jax.tree.leaves(jax.device_get(state.batch_stats))
@@ -330,7 +330,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
   config, _ = cli.parse_args([*args, "--workdir", "unused"])
   reference = train.train_and_evaluate(config, tmp_path / "uninterrupted")
 
-  final = train.restore_checkpoint(workdir)
+  final = checkpoints.restore_checkpoint(workdir)
   assert int(final["state"]["step"]) == total == int(reference.step)
   got = jax.tree.leaves(final["state"]["params"])
   want = jax.tree.leaves(jax.device_get(reference.params))
@@ -338,7 +338,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
   for a, b in zip(got, want, strict=True):
     assert np.array_equal(np.asarray(a), np.asarray(b))
   # Metrics after the resume point were rewritten, not duplicated.
-  iterations = [r["iteration"] for r in train.read_metrics(workdir)]
+  iterations = [r["iteration"] for r in metrics.read_metrics(workdir)]
   assert iterations == [100, 200, 300]
 
 

@@ -46,7 +46,7 @@ from typing import Any
 import optax
 
 import optax_lena as ol
-from examples import analysis, optimizers, train
+from examples import analysis, metrics, optimizers, train
 from examples import configs as configs_lib
 
 # Target = the first fraction (98%) of the single-worker SGD accuracy of the same seed and
@@ -293,7 +293,7 @@ def is_finished(workdir: Path) -> bool:
   """Whether the run's metrics reach its last update (then the study skips it)."""
   try:
     total = json.loads((workdir / "config.json").read_text())["total_steps"]
-    evals = train.read_metrics(workdir, "eval")
+    evals = metrics.read_metrics(workdir, "eval")
   except (FileNotFoundError, json.JSONDecodeError, KeyError):
     return False
   return bool(evals) and evals[-1]["iteration"] == total
@@ -350,7 +350,7 @@ def run_grid(
     with optimizers.registered(*STUDY_OPTIMIZERS):
       train.train_and_evaluate(config, workdir)
     trained += 1
-    final = train.read_metrics(workdir, "eval")[-1]
+    final = metrics.read_metrics(workdir, "eval")[-1]
     print(
       f"{head}: acc {final['eval_accuracy']:.4f} after {final['iteration']} updates, "
       f"{time.perf_counter() - t0:.0f} s (study {time.perf_counter() - start:.0f} s)",
@@ -391,7 +391,7 @@ def load_results(grid: list[RunSpec], out: Path) -> dict[RunSpec, RunResult]:
     workdir = out / "runs" / spec.name
     if is_finished(workdir):
       total = json.loads((workdir / "config.json").read_text())["total_steps"]
-      results[spec] = RunResult(spec, train.read_metrics(workdir, "eval"), total)
+      results[spec] = RunResult(spec, metrics.read_metrics(workdir, "eval"), total)
   return results
 
 

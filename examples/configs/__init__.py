@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -148,7 +149,7 @@ def override(config: Config, assignments: Iterable[str]) -> Config:
     ValueError: malformed assignment, unknown key or value of the wrong type.
   """
   names = [f.name for f in dataclasses.fields(config)]
-  changes: dict[str, object] = {}
+  changes: dict[str, Any] = {}
   for assignment in assignments:
     key, sep, text = assignment.partition("=")
     key = key.strip()
