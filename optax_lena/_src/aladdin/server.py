@@ -106,7 +106,8 @@ def merge_weight(alpha: str | float, count: jax.Array, num_workers: int, period:
   """alpha_i of Algorithm 2 ("count"), Section 3.2 ("n_pi") or a fixed float (float32)."""
   if alpha == "count":
     # c~ counted before the reset, the triggering gradient included, so c~ >= 1 here.
-    return 1.0 - jax.lax.rsqrt(jnp.maximum(count, 1).astype(jnp.float32))
+    # 1 / sqrt rather than rsqrt, which some backends approximate.
+    return 1.0 - 1.0 / jnp.sqrt(jnp.maximum(count, 1).astype(jnp.float32))
   if alpha == "n_pi":
     return jnp.asarray(1.0 - 1.0 / math.sqrt(num_workers * period), jnp.float32)
   return jnp.asarray(alpha, jnp.float32)
@@ -145,9 +146,10 @@ def parameter_server(
     or a fixed float in [0, 1] (0: local training only, ALADDIN-L1; 1: the worker adopts x~).
 
   A message whose gradient holds a NaN or an Inf is rejected: the state is left exactly as if it
-  had never been sent, except ``num_rejected`` (+1), and the reply is not ready. A traced worker
-  index outside ``[0, num_workers)`` is rejected the same way (it never writes out of bounds); a
-  concrete one raises ``IndexError``.
+  had never been sent, except ``num_rejected`` (+1), and the reply is not ready (the check sums
+  the gradient in float32, so a finite gradient whose elements sum past 3.4e38 is rejected
+  too). A traced worker index outside ``[0, num_workers)`` is rejected the same way (it never
+  writes out of bounds); a concrete one raises ``IndexError``.
 
   Cost: ``receive`` runs the global update in a loop of zero or one iteration, so a message that
   does not trigger costs one pass over the gradient (the finiteness check) and one in-place
