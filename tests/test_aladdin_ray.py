@@ -7,7 +7,9 @@ bounded by an alarm, and the module checks at the end that no process of its ses
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +45,12 @@ def _alarm() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster() -> Iterator[str]:
   """A local Ray cluster started the way the runtime starts it; yields its temp dir."""
   # The actors import this helper module by value: tests/ is not on their sys.path.
   ray.cloudpickle.register_pickle_by_value(helpers)
-  temp_dir = str(tmp_path_factory.mktemp("ray"))
+  # A short path: Ray's Unix sockets live under it, and their paths must stay < 108 bytes.
+  temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
   assert ad.connect(num_cpus=2, temp_dir=temp_dir)
   try:
     yield temp_dir
@@ -58,6 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
       time.sleep(0.5)
     left = helpers.session_processes(temp_dir)
     helpers.kill_all(left)
+    shutil.rmtree(temp_dir, ignore_errors=True)
     assert not left, f"Ray processes left behind: {[p.pid for p in left]}"
 
 

@@ -1,0 +1,113 @@
+"""ALADDIN on Ray with Ray sessions of their own (subprocess drivers): two nodes, a lost
+cluster, Ctrl-C. Each subprocess is bounded by a timeout, and no process of its session may
+outlive it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+
+import aladdin_ray_helpers as helpers
+
+pytestmark = [pytest.mark.xdist_group("aladdin_ray")]
+
+DRIVER = Path(__file__).resolve().parent / "aladdin_ray_driver.py"
+ROOT = DRIVER.parent.parent
+
+
+@pytest.fixture
+def ray_dir() -> Iterator[Path]:
+  """A short temp dir: Ray's Unix sockets live under it, and their paths must stay < 108 bytes."""
+  path = Path(tempfile.mkdtemp(prefix="ray_", dir="/tmp"))
+  yield path
+  shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_training(temp_dir: Path) -> subprocess.Popen:
+  proc = subprocess.Popen(
+    [sys.executable, str(DRIVER), "train", str(temp_dir)],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  line = ""
+  deadline = time.time() + 120
+  while "RUNNING" not in line and time.time() < deadline and proc.poll() is None:
+    line = proc.stdout.readline()
+  if "RUNNING" not in line:
+    proc.kill()
+    pytest.fail(f"the driver did not start: {proc.communicate(timeout=30)[1][-2000:]}")
+  time.sleep(2.0)  # let it train
+  return proc
+
+
+def _assert_no_process_left(temp_dir: Path) -> None:
+  deadline = time.time() + 20
+  while helpers.session_processes(str(temp_dir)) and time.time() < deadline:
+    time.sleep(0.5)
+  left = helpers.session_processes(str(temp_dir))
+  helpers.kill_all(left)
+  assert not left, f"Ray processes left behind: {[p.pid for p in left]}"
+
+
+def test_two_nodes_give_the_single_node_result_with_the_deterministic_schedule(
+  tmp_path: Path,
+) -> None:
+  out = tmp_path / "params.npz"
+  done = subprocess.run(
+    [sys.executable, str(DRIVER), "multinode", str(out)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  nodes = json.loads(done.stdout.strip().splitlines()[-1])
+  # PS shards on the head node, workers on the other node, as the custom resources ask.
+  assert nodes["head"] != nodes["other"]
+  assert len(nodes["shard_nodes"]) >= 2 and set(nodes["shard_nodes"]) == {nodes["head"]}
+  assert set(nodes["worker_nodes"]) == {nodes["other"]}
+  params = np.load(out)
+  for name in ("w", "b"):
+    single, multi = params[f"single_{name}"], params[f"multi_{name}"]
+    assert np.abs(single).max() > 0  # trained
+    np.testing.assert_array_equal(multi, single)
+
+
+def test_driver_that_loses_its_cluster_gets_a_clear_error(ray_dir: Path) -> None:
+  proc = _start_training(ray_dir)
+  try:
+    helpers.kill_all(helpers.ray_processes_of(proc.pid))  # the whole cluster dies
+    _, err = proc.communicate(timeout=90)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 3, err[-3000:]
+  assert "ClusterLostError: Lost the Ray cluster" in err
+  assert "cannot be resumed" in err
+  _assert_no_process_left(ray_dir)
+
+
+def test_ctrl_c_shuts_everything_down(ray_dir: Path) -> None:
+  proc = _start_training(ray_dir)
+  try:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=90)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 130, err[-3000:]
+  _assert_no_process_left(ray_dir)
