@@ -30,7 +30,7 @@ format: install
 test: install typecheck
 	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q tests
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q tests
 
 demo: install
 	$(PY) -m examples.demo
