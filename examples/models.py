@@ -1,10 +1,11 @@
 """Flax (linen) models used by the training examples.
 
 * :class:`CNN1D` -- a small 1D convnet for MNIST-1D (inputs ``[batch, 40]``).
+* :class:`ResNet1D` -- ResNet-18's layout in 1D with BatchNorm for MNIST-1D (62 leaves).
 * :class:`ResNet18` -- the CIFAR variant of ResNet-18 (3x3 stem, no max-pool),
   as in the reference PyTorch CIFAR implementations (He et al. 2016, kuangliu/pytorch-cifar).
 
-Both take ``train`` in ``__call__``; only the ResNet has state (BatchNorm statistics),
+All take ``train`` in ``__call__``; only the ResNets have state (BatchNorm statistics),
 so training code should treat ``batch_stats`` as optional.
 """
 
@@ -162,7 +163,94 @@ class ResNet18(nn.Module):
     return jnp.asarray(x, jnp.float32)
 
 
-_MODELS: dict[str, type[nn.Module]] = {"cnn1d": CNN1D, "resnet18": ResNet18}
+class BasicBlock1D(nn.Module):
+  """The 1D basic block of :class:`ResNet1D`: :class:`BasicBlock` with width-3 kernels."""
+
+  features: int
+  conv: ModuleDef
+  norm: ModuleDef
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    residual = x
+    y = self.conv(self.features, (3,), strides=(self.strides,))(x)
+    y = nn.relu(self.norm()(y))
+    y = self.norm()(self.conv(self.features, (3,))(y))
+    if residual.shape != y.shape:
+      residual = self.conv(
+        self.features, (1,), strides=(self.strides,), padding="VALID", name="shortcut_conv"
+      )(residual)
+      residual = self.norm(name="shortcut_norm")(residual)
+    return nn.relu(residual + y)
+
+
+class ResNet1D(nn.Module):
+  """ResNet-18's layout in 1D for MNIST-1D (inputs ``[batch, 40]``), with BatchNorm.
+
+  Width-3 stem conv and four stages of ``stage_sizes`` basic blocks with ``width * (1, 2, 4,
+  8)`` channels (stride 2 at the start of stages 2-4: length 40 -> 20 -> 10 -> 5), global
+  average pooling and a Dense classifier; convolutions have no bias. Same leaf structure as
+  :class:`ResNet18` (62 parameter leaves: 20 conv kernels, 20 BatchNorm scales and 20 biases,
+  the Dense kernel and bias), so the per-layer gain ratios span the same kinds of layers as in
+  the paper. With ``width=16`` it has 243,354 parameters (``width=8``: 61,778).
+
+  Attributes:
+    num_classes: number of output logits.
+    width: channels of the stem and of the first stage.
+    stage_sizes: number of basic blocks per stage.
+    dtype: computation dtype (parameters and BatchNorm statistics stay float32).
+    axis_name: axis over which BatchNorm averages batch statistics (``None``: per call, i.e.
+      per worker under ``vmap``/``pmap`` without an axis name, as PyTorch DDP).
+  """
+
+  num_classes: int = 10
+  width: int = 16
+  stage_sizes: Sequence[int] = (2, 2, 2, 2)
+  dtype: Any = jnp.float32
+  axis_name: str | None = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
+    """Returns logits ``[batch, num_classes]``; ``train`` as in :class:`ResNet18`.
+
+    Args:
+      x: ``[batch, length]`` signals (a trailing channel axis of size 1 is also accepted).
+      train: BatchNorm with batch statistics (call ``apply`` with
+        ``mutable=['batch_stats']``) if True, with the running averages if False.
+
+    Returns:
+      Logits, ``[batch, num_classes]``.
+    """
+    conv = partial(
+      nn.Conv, use_bias=False, padding=((1, 1),), kernel_init=_conv_init, dtype=self.dtype
+    )
+    norm = partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=0.9,
+      epsilon=1e-5,
+      dtype=self.dtype,
+      axis_name=self.axis_name,
+    )
+    if x.ndim == 2:
+      x = x[..., None]
+    x = jnp.asarray(x, self.dtype)
+    x = nn.relu(norm(name="stem_norm")(conv(self.width, (3,), name="stem_conv")(x)))
+    for i, num_blocks in enumerate(self.stage_sizes):
+      for j in range(num_blocks):
+        strides = 2 if i > 0 and j == 0 else 1
+        x = BasicBlock1D(self.width * 2**i, conv=conv, norm=norm, strides=strides)(x)
+    x = jnp.mean(x, axis=1)
+    x = nn.Dense(self.num_classes, dtype=self.dtype)(x)
+    return jnp.asarray(x, jnp.float32)
+
+
+_MODELS: dict[str, type[nn.Module]] = {
+  "cnn1d": CNN1D,
+  "resnet18": ResNet18,
+  "resnet1d": ResNet1D,
+}
 
 
 def create_model(name: str, num_classes: int, **kw: Any) -> nn.Module:
