@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import signal
@@ -208,18 +209,19 @@ class ServerShard:
     self.num_checkpoints = 0
     self.restored_updates = -1
     self.updates = 0  # global updates of this shard (ALADDIN: replies; ASP/EASGD: messages)
+    self.state: Any = None  # ServerState, ASPState or EASGDState
     algorithm = config.algorithm
     if algorithm == "aladdin":
       from optax_lena._src.aladdin.server import build_server
 
-      server, receive_accepting = build_server(
+      aladdin_server, receive_accepting = build_server(
         config.num_workers,
         server_tx,
         period=config.period,
         normalise=config.normalise,
         alpha=config.alpha,
       )
-      self.state = server.init(params)
+      self.state = aladdin_server.init(params)
 
       def receive(state, grads, worker, finite):
         # the sender's verdict on its whole gradient and this shard's check of its own slice
@@ -227,18 +229,18 @@ class ServerShard:
 
       self._receive = jax.jit(receive)
     elif algorithm == "asp":
-      server = al.asp_server(server_tx)
-      self.state = server.init(params)
-      self._receive = jax.jit(server.receive)
+      asp = al.asp_server(server_tx)
+      self.state = asp.init(params)
+      self._receive = jax.jit(asp.receive)
     elif algorithm == "easgd":
-      server = al.easgd_server(config.num_workers, beta=config.easgd_beta, tau=config.easgd_tau)
-      self.state = server.init(params)
-      self._exchange = jax.jit(server.exchange)
+      easgd = al.easgd_server(config.num_workers, beta=config.easgd_beta, tau=config.easgd_tau)
+      self.state = easgd.init(params)
+      self._exchange = jax.jit(easgd.exchange)
     else:
       raise ValueError(f"ServerShard does not serve {algorithm!r}.")
-    self._treedef = jax.tree.structure(params)
+    self._treedef: Any = jax.tree.structure(params)
     self._warm_up(params)
-    self._manager = None
+    self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
 
@@ -262,7 +264,7 @@ class ServerShard:
     import jax
     import orbax.checkpoint as ocp
 
-    path = os.path.join(os.path.abspath(self.config.checkpoint_dir), f"shard_{self.shard}")
+    path = os.path.join(os.path.abspath(str(self.config.checkpoint_dir)), f"shard_{self.shard}")
     options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(path, options=options)
     step = self._manager.latest_step()
@@ -305,7 +307,7 @@ class ServerShard:
   def _well_formed(self, tree: PyTree) -> bool:
     import jax
 
-    return jax.tree.structure(tree) == self._treedef
+    return bool(jax.tree.structure(tree) == self._treedef)
 
   def push(self, worker: int, grads: PyTree, finite: bool = True) -> Any:
     """ALADDIN: receive one gradient slice; ``(params, alpha)`` when it triggered, else None.
@@ -770,7 +772,7 @@ def connect(
       include_dashboard=False,
       log_to_driver=log_to_driver,
       configure_logging=True,
-      logging_level="warning",
+      logging_level=logging.WARNING,
       _node_ip_address="127.0.0.1",
       **kwargs,
     )
@@ -873,7 +875,7 @@ class Runtime:
         shard_cls = ray.remote(ServerShard).options(**server_opts)
         self.shards = [shard_cls.remote(k, s, task.server_tx, config) for k, s in enumerate(slices)]
       worker_cls = ray.remote(Worker).options(**worker_opts)
-      self.workers = [
+      self.workers: list[Any] = [
         worker_cls.remote(i, task, config, self.shards, self.reducers)
         for i in range(config.num_workers)
       ]
@@ -977,7 +979,9 @@ class Runtime:
     if time_budget is None:
       raise ValueError("time_budget (seconds) is required outside the deterministic mode.")
     n = self.config.num_workers
-    totals = [{"iterations": 0, "wait_s": 0.0, "busy_s": 0.0, "merges": 0} for _ in range(n)]
+    totals: list[dict[str, Any]] = [
+      {"iterations": 0, "wait_s": 0.0, "busy_s": 0.0, "merges": 0} for _ in range(n)
+    ]
     curve: list[tuple[float, float]] = []
     bar = _Progress(time_budget, enabled=progress)
     previous_sigterm = _raise_on_sigterm()
@@ -1085,7 +1089,7 @@ class Runtime:
     wall = time.time() - start
     final = self.global_params()
     curve = [(wall, float(eval_fn(final)))] if eval_fn is not None else []
-    workers = ray.get([w.info.remote() for w in self.workers])
+    workers: list[dict[str, Any]] = ray.get([w.info.remote() for w in self.workers])
     samples = n * iterations * self.task.batch_size
     return RunResult(
       algorithm=self.config.algorithm,
