@@ -16,10 +16,12 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
   """Eq. 3, the PS-triggered local update: ``x_i <- (1 - alpha) x_i + alpha x~``.
 
   Computed in float32 (or the leaf's dtype when wider) and cast back, so every leaf keeps its
-  dtype (bf16/f16 leaves are not rounded twice). ``alpha = 0`` returns ``params`` exactly and
-  ``alpha = 1`` returns ``global_params`` exactly (for finite values), so applying a reply that
-  is not ready (``alpha = 0``) is harmless. The local optimizer state (momentum) is not touched:
-  the worker keeps it across merges.
+  dtype (bf16/f16 leaves are rounded once, at the end). ``alpha = 0`` returns ``params`` exactly
+  and ``alpha = 1`` returns ``global_params`` exactly (for finite values), so applying a reply
+  that is not ready (``alpha = 0``) is harmless. Eagerly the result is NumPy's float32
+  ``(1 - a) * x + a * g`` bit for bit; under ``jit`` XLA may fuse a product and the add into one
+  fused multiply-add, which can change the last bit. The local optimizer state (momentum) is not
+  touched: the worker keeps it across merges.
 
   Args:
     params: the worker's local model x_i.
