@@ -12,7 +12,7 @@ def test_py_typed_is_shipped_and_mypy_is_configured():
   config = tomllib.loads((ROOT / "pyproject.toml").read_text())
   assert "py.typed" in config["tool"]["setuptools"]["package-data"]["optax_lena"]
   assert any(d.startswith("mypy") for d in config["project"]["optional-dependencies"]["dev"])
-  assert config["tool"]["mypy"]["files"] == ["optax_lena"]
+  assert config["tool"]["mypy"]["files"] == ["optax_lena", "examples"]
   makefile = (ROOT / "Makefile").read_text()
   assert "typecheck:" in makefile and "test: install typecheck" in makefile
 
