@@ -63,7 +63,7 @@ def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> P
       "grads must be a non-empty list of per-worker gradient trees, or pass stacked=True for "
       "one tree with a leading worker axis."
     )
-  structure = jax.tree.structure(grads[0])
+  structure: Any = jax.tree.structure(grads[0])  # Any: PyTreeDef's stubs lack comparisons
   for k, g in enumerate(grads):
     if jax.tree.structure(g) != structure:
       raise ValueError(

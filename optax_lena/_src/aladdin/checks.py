@@ -100,7 +100,9 @@ def check_worker(worker: Any, num_workers: int) -> None:
 
 def check_like_params(tree: PyTree, params: PyTree, what: str, fix: str) -> None:
   """``tree`` has the structure, shapes and dtypes of ``params`` (trace-time check)."""
-  t_struct, p_struct = jax.tree.structure(tree), jax.tree.structure(params)
+  # Typed Any: jax's PyTreeDef stubs do not declare comparisons.
+  t_struct: Any = jax.tree.structure(tree)
+  p_struct: Any = jax.tree.structure(params)
   if t_struct != p_struct:
     raise ValueError(
       f"The tree structure of {what} does not match the server's parameters: {t_struct} vs "

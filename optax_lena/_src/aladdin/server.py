@@ -44,7 +44,7 @@ class ServerState(NamedTuple):
   params: PyTree
   opt_state: optax.OptState
   grad_sum: PyTree
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as in optax's states
   worker_counts: jax.Array
   num_rejected: jax.Array
   num_updates: jax.Array

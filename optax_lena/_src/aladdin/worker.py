@@ -35,7 +35,8 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
   References:
     Ko et al., ALADDIN, CIKM 2021: Eq. 3 and Algorithm 1, line "PS-triggered local update".
   """
-  if jax.tree.structure(params) != jax.tree.structure(global_params):
+  structure: Any = jax.tree.structure(params)  # Any: PyTreeDef's stubs lack comparisons
+  if structure != jax.tree.structure(global_params):
     raise ValueError(
       f"The tree structure of global_params does not match params: "
       f"{jax.tree.structure(global_params)} vs {jax.tree.structure(params)}. Pass the reply's "
