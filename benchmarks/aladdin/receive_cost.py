@@ -1,0 +1,206 @@
+"""What one ALADDIN server message costs, relative to one ``optax.sgd`` step of the same tree.
+
+Run from the repository root::
+
+  python -m benchmarks.aladdin.receive_cost [--quick] [--repeats N] [--period 4]
+
+Every number printed is a RATIO measured side by side in one run: each function is jitted with
+its state donated (as a server would run it) and warmed up, then the candidates run interleaved
+for N rounds; the ratios of the best times (the cost of the work itself) and of the medians (what
+a shared machine adds) are printed, with the absolute times as context.
+
+* baseline: one jitted ``optax.sgd(0.1)`` step, ``tx.update`` + ``optax.apply_updates``
+  (reads the gradient and the parameters, writes the parameters);
+* ``receive`` of :func:`al.parameter_server` with ``optax.sgd(0.1)``: a message that does not
+  trigger (finiteness check + accumulation), a triggering one (the lazy global update and the
+  reply) and the mean over one period of ``period`` messages from one worker (``period - 1``
+  accumulations + 1 trigger: what the server pays per gradient on average);
+* the same ``receive`` without the reply's params among the outputs (``receive_no_reply``): a
+  jitted function that returns x~ both in the state and in the reply makes XLA copy it, since
+  two outputs cannot share a buffer;
+* the same without the finiteness check (``accumulate_only``): the floor, one accumulation.
+
+Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP
+(0.1 M parameters, 6 leaves).
+
+Like ``benchmarks/overhead.py``, the script re-executes itself with glibc told to keep freed
+memory (otherwise every buffer over 32 MB is mapped and unmapped at each call and the page faults
+move the ratios); ``--system-malloc`` turns this off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CACHING_MALLOC = (
+  "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:glibc.malloc.arena_max=1"
+)
+
+if (
+  __name__ == "__main__"
+  and "--system-malloc" not in sys.argv
+  and os.environ.get("GLIBC_TUNABLES") != CACHING_MALLOC
+  and "jax" not in sys.modules
+):
+  os.environ["GLIBC_TUNABLES"] = CACHING_MALLOC
+  os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from optax_lena import aladdin as al  # noqa: E402
+
+
+def resnet50_shapes(num_classes: int = 10) -> dict[str, tuple[int, ...]]:
+  """Parameter shapes of a ResNet-50 (bottleneck blocks 3-4-6-3, batch norm scale and bias)."""
+  shapes: dict[str, tuple[int, ...]] = {}
+
+  def conv_bn(name: str, k: int, cin: int, cout: int) -> None:
+    shapes[f"{name}/kernel"] = (k, k, cin, cout)
+    shapes[f"{name}/bn_scale"] = (cout,)
+    shapes[f"{name}/bn_bias"] = (cout,)
+
+  conv_bn("stem", 7, 3, 64)
+  cin = 64
+  for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)):
+    for b in range(blocks):
+      name = f"stage{stage}/block{b}"
+      conv_bn(f"{name}/conv1", 1, cin, width)
+      conv_bn(f"{name}/conv2", 3, width, width)
+      conv_bn(f"{name}/conv3", 1, width, 4 * width)
+      if b == 0:
+        conv_bn(f"{name}/proj", 1, cin, 4 * width)
+      cin = 4 * width
+  shapes["fc/kernel"] = (cin, num_classes)
+  shapes["fc/bias"] = (num_classes,)
+  return shapes
+
+
+def mlp_shapes() -> dict[str, tuple[int, ...]]:
+  return {"l0/w": (256, 256), "l0/b": (256,), "l1/w": (256, 128), "l1/b": (128,),
+          "l2/w": (128, 10), "l2/b": (10,)}  # fmt: skip
+
+
+def make_tree(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, jax.Array]:
+  keys = jax.random.split(jax.random.key(seed), len(shapes))
+  return {
+    name: 0.01 * jax.random.normal(k, shape, jnp.float32)
+    for k, (name, shape) in zip(keys, shapes.items(), strict=True)
+  }
+
+
+def block(tree):
+  jax.tree.map(lambda x: x.block_until_ready(), tree)
+  return tree
+
+
+def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]:
+  """(best, median) seconds per call of each candidate, measured interleaved."""
+  params = make_tree(shapes, 0)
+  grads = make_tree(shapes, 1)
+  tx = optax.sgd(0.1)
+  server = al.parameter_server(2, optax.sgd(0.1), period=period)
+
+  def sgd_step(params, opt_state, grads):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def receive_no_reply(state, grads, worker):
+    state, reply = server.receive(state, grads, worker)
+    return state, reply.ready, reply.alpha
+
+  def accumulate_only(grad_sum, grads):
+    return jax.tree.map(jnp.add, grad_sum, grads)
+
+  sgd = jax.jit(sgd_step, donate_argnums=(0, 1))
+  receive = jax.jit(server.receive, donate_argnums=(0,))
+  receive_nr = jax.jit(receive_no_reply, donate_argnums=(0,))
+  accumulate = jax.jit(accumulate_only, donate_argnums=(0,))
+
+  p = jax.tree.map(jnp.copy, params)
+  o = tx.init(p)
+  s_full = server.init(jax.tree.map(jnp.copy, params))
+  s_nr = server.init(jax.tree.map(jnp.copy, params))
+  acc = jax.tree.map(jnp.zeros_like, params)
+  worker = jnp.int32(0)
+  times: dict[str, list[float]] = {"sgd": [], "accumulate_only": []}
+  for k in range(period):
+    times[f"receive[{k}]"] = []
+    times[f"receive_no_reply[{k}]"] = []
+
+  def timed(fn, *args):
+    start = time.perf_counter()
+    out = block(fn(*args))
+    return out, time.perf_counter() - start
+
+  for rnd in range(repeats + 2):  # two warm-up rounds
+    record = rnd >= 2
+    (p, o), t = timed(sgd, p, o, grads)
+    if record:
+      times["sgd"].append(t)
+    acc, t = timed(accumulate, acc, grads)
+    if record:
+      times["accumulate_only"].append(t)
+    for k in range(period):  # one period of one worker: k = period - 1 triggers
+      (s_full, reply), t = timed(receive, s_full, grads, worker)
+      assert bool(reply.ready) == (k == period - 1)
+      if record:
+        times[f"receive[{k}]"].append(t)
+      (s_nr, _, _), t = timed(receive_nr, s_nr, grads, worker)
+      if record:
+        times[f"receive_no_reply[{k}]"].append(t)
+  return {name: (float(np.min(ts)), float(np.median(ts))) for name, ts in times.items()}
+
+
+def report(label: str, shapes, repeats: int, period: int) -> list[str]:
+  measured = measure(shapes, repeats, period)
+  n_params = sum(int(np.prod(s)) for s in shapes.values())
+  lines = [
+    f"{label}: {n_params / 1e6:.2f} M params, {len(shapes)} leaves, period {period}",
+    f"  {'':44s} {'best':>9s} {'ratio':>6s}  {'median':>9s} {'ratio':>6s}",
+  ]
+
+  def row(what: str, name_or_times) -> str:
+    if isinstance(name_or_times, str):
+      best, med = measured[name_or_times]
+    else:
+      best, med = name_or_times
+    b0, m0 = measured["sgd"]
+    return (
+      f"  {what:44s} {best * 1e3:7.3f}ms {best / b0:5.2f}x  {med * 1e3:7.3f}ms {med / m0:5.2f}x"
+    )
+
+  lines.append(row("optax.sgd step (update + apply_updates)", "sgd"))
+  for variant in ("receive", "receive_no_reply"):
+    per = [measured[f"{variant}[{k}]"] for k in range(period)]
+    if period > 1:
+      non_trigger = tuple(float(np.median([p[i] for p in per[:-1]])) for i in range(2))
+      lines.append(row(f"{variant}: non-trigger message", non_trigger))
+    lines.append(row(f"{variant}: trigger message", per[-1]))
+    amortised = tuple(float(np.mean([p[i] for p in per])) for i in range(2))
+    lines.append(row(f"{variant}: amortised over {period} messages", amortised))
+  lines.append(row("accumulate_only (g~ += g, the floor)", "accumulate_only"))
+  return lines
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="few repeats (a smoke run)")
+  parser.add_argument("--repeats", type=int, default=30)
+  parser.add_argument("--period", type=int, default=4)
+  parser.add_argument("--system-malloc", action="store_true", help="keep glibc's defaults")
+  args = parser.parse_args()
+  repeats = 3 if args.quick else args.repeats
+  print(f"jax {jax.__version__}, optax {optax.__version__}, device {jax.devices()[0]}")
+  for label, shapes in (("ResNet-50 (CIFAR-10)", resnet50_shapes()), ("MLP", mlp_shapes())):
+    print("\n".join(report(label, shapes, repeats, args.period)))
+
+
+if __name__ == "__main__":
+  main()
