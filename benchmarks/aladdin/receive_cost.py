@@ -23,6 +23,23 @@ a shared machine adds) are printed, with the absolute times as context.
 Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP
 (0.1 M parameters, 6 leaves).
 
+Measured (``python -m benchmarks.aladdin.receive_cost --repeats 15``, jax 0.10.2, XLA:CPU on a
+2-core VM shared with other jobs, load ~16; best-time ratios, medians within +-15%):
+
+  ResNet-50 tree        non-trigger  trigger  amortised (pi = 4)
+  receive                  2.94x      5.16x     3.39x
+  receive, no reply        2.13x      4.75x     2.75x
+  accumulate only          1.18x        -         -
+  MLP tree (0.1 M)
+  receive                  1.96x      2.89x     2.23x
+
+The target of 1.2x an ``optax.sgd`` step per message is NOT met on this CPU. Where the time goes:
+the accumulation alone costs about one sgd step (both read two trees and write one); the
+finiteness check adds a pass over the gradient; returning ``reply.params`` next to the state
+makes XLA copy x~ on every message (two outputs cannot share a buffer); a trigger adds the
+step. Runs on this shared machine moved the ratios by up to +-50% (an earlier run: 1.33x / 2.81x
+/ 1.70x without the reply); no GPU was available to measure there.
+
 Like ``benchmarks/overhead.py``, the script re-executes itself with glibc told to keep freed
 memory (otherwise every buffer over 32 MB is mapped and unmapped at each call and the page faults
 move the ratios); ``--system-malloc`` turns this off.
