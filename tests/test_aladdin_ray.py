@@ -148,7 +148,6 @@ def test_killed_worker_restarts_from_the_global_model_while_others_continue(clus
   # Ray restarted worker 0 (a new incarnation in a new process) ...
   info0 = result.workers[0]
   assert info0["incarnation"] == 1
-  assert info0["iterations"] > 0
   # ... which started from the current global model, not the initial parameters ...
   assert info0["start_updates"] > 0
   # ... while worker 1 kept finishing chunks during the restart.
