@@ -105,8 +105,6 @@ def test_sgp_gossip_overlaps_one_iteration_and_is_held_back_by_a_slow_peer():
   # progress bounds everyone's within a few iterations (the strong graph is connected).
   assert max(he.iterations) - min(he.iterations) <= 8
   assert he.throughput == pytest.approx(0.8, rel=0.05)
-  assert sim.sgp_out_peer(3, 0, 8) == 4 and sim.sgp_out_peer(3, 1, 8) == 5
-  assert sim.sgp_out_peer(7, 2, 8) == 3 and sim.sgp_out_peer(7, 3, 8) == 0
 
 
 def test_ps_shards_and_shared_nics():

@@ -132,6 +132,7 @@ PRESETS = {
 # to each worker every 4 of its gradients, with Section 3.2's alpha for pi = 4 (with period 1,
 # "count" would give alpha = 1 - 1/sqrt(1) = 0 at every update).
 L2 = dict(period=1, reply_every=4, alpha=round(1 - 1 / math.sqrt(8 * 4), 4))
+LR2 = 0.05  # the second learning rate of the "lr" part
 NORMALISES = ("sum", "mean", "mean_of_locals")
 SERVER_TXS = ("sgd", "momentum")
 ALPHAS = ("count", "n_pi", 0.5)
@@ -150,10 +151,11 @@ class RunSpec:
   server_tx: str = "momentum"  # the paper's PS optimizer (momentum SGD 0.9)
   alpha: str | float = "count"
   reply_every: int = 0  # 0: every reply (see sim.Algorithm.reply_every)
+  lr: float = 0.0  # 0: the preset's
 
   @property
   def name(self) -> str:
-    base = f"{self.alg}_{self.cluster}_seed{self.seed}"
+    base = f"{self.alg}_{self.cluster}_seed{self.seed}" + (f"_lr{self.lr:g}" if self.lr else "")
     if self.alg != "aladdin":
       return base
     name = f"{base}_p{self.period}_{self.normalise}_{self.server_tx}_a{self.alpha}"
@@ -180,6 +182,14 @@ def build_grid(preset: Preset, parts: Sequence[str]) -> list[RunSpec]:
       for period in (1, 2, 4):
         for alpha in ("count", "n_pi"):
           runs.append(RunSpec("period", "aladdin", c, seed, period=period, alpha=alpha))
+  if "lr" in parts:
+    # The same comparisons at half the learning rate: does the ranking depend on it?
+    for seed in preset.seeds:
+      for opts in ({}, dict(alpha=0.5), dict(alpha="n_pi"), L2):
+        runs.append(RunSpec("lr", "aladdin", c, seed, lr=LR2, **opts))
+      runs.append(RunSpec("lr", "aladdin", c, seed, alpha=0.5))  # the best choice, 3 seeds
+      for alg in ("easgd", "sgp", "asp"):
+        runs.append(RunSpec("lr", alg, c, seed, lr=LR2))
   if "choices" in parts:
     for seed in preset.choice_seeds:
       for normalise in NORMALISES:
@@ -268,7 +278,7 @@ def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
   * AR-SGD: ``al.local_optimizer(ar_lr)`` on the mean of the n gradients.
   * ASP: the PS applies each gradient with ``optax.sgd(lr)`` (the printed Hogwild step).
   """
-  lr = preset.lr
+  lr = spec.lr or preset.lr
   if spec.alg == "aladdin":
     return sim.algorithm(
       "aladdin",
@@ -443,11 +453,12 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
     key_opts = dict(
       period=4, normalise="mean_of_locals", server_tx="momentum", alpha="count", reply_every=0
     )
+    lr = opts.pop("lr", 0.0)
     key_opts.update(opts)
     found = []
     for run in runs.values():
       s = run["spec"]
-      if s["alg"] != alg or s["cluster"] != cluster:
+      if s["alg"] != alg or s["cluster"] != cluster or float(s.get("lr", 0.0)) != lr:
         continue
       if alg == "aladdin" and any(str(s.get(k, 0)) != str(v) for k, v in key_opts.items()):
         continue
@@ -467,8 +478,9 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
       f"finished). Target = 95% of AR-SGD's final accuracy on HO ({target:.4f}).",
       "",
       "| cluster | algorithm | final test acc | total time | acc @ T | time to target | "
-      "throughput (samples/unit) | mean wait fraction | seeds |",
-      "|---|---|---|---|---|---|---|---|---|",
+      "throughput (samples/unit) | mean wait fraction | final acc, average of local models | "
+      "seeds |",
+      "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cluster in preset.clusters:
       done = {a: cell(a, cluster) for a in ALGORITHMS}
@@ -477,7 +489,7 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
       for alg in ALGORITHMS:
         rs = done[alg]
         if not rs:
-          lines.append(f"| {cluster} | {LABELS[alg]} | — | — | — | — | — | — | 0 |")
+          lines.append(f"| {cluster} | {LABELS[alg]} | — | — | — | — | — | — | — | 0 |")
           continue
         lines.append(
           f"| {cluster} | {LABELS[alg]} | "
@@ -487,6 +499,7 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
           f"{_mean_std([_time_to(r, target) for r in rs], '{:.0f}')} | "
           f"{_mean_std([r['throughput'] for r in rs], '{:.0f}')} | "
           f"{_mean_std([statistics.mean(r['wait_time']) / r['time'] for r in rs], '{:.2f}')} | "
+          f"{_mean_std([r['evals'][-1].get('local_accuracy', math.nan) for r in rs])} | "
           f"{len(rs)} |"
         )
     lines.append("")
@@ -524,6 +537,33 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
       lines.append(
         f"| {label} | {_mean_std([r['evals'][-1]['test_accuracy'] for r in rs])} | "
         f"{_mean_std(half)} | {len(rs)} |"
+      )
+    lines.append("")
+
+  lr_rows = [
+    (f"ALADDIN ({label})", cell("aladdin", c, lr=lr, **opts))
+    for lr in (0.0, LR2)
+    for label, opts in (
+      ("alpha count", {}),
+      ("alpha 0.5", dict(alpha=0.5)),
+      ("alpha n_pi", dict(alpha="n_pi")),
+      ("L2", dict(L2)),
+    )
+  ] + [(LABELS[alg], cell(alg, c, lr=lr)) for lr in (0.0, LR2) for alg in ("easgd", "sgp", "asp")]
+  if any(cell("aladdin", c, lr=LR2)):
+    lines += [
+      f"## Learning rate {preset.lr:g} vs {LR2:g} ({c})",
+      "",
+      f"| method | final test acc, lr {preset.lr:g} | final test acc, lr {LR2:g} |",
+      "|---|---|---|",
+    ]
+    pairs = list(zip(lr_rows[:4], lr_rows[4:8], strict=True)) + list(
+      zip(lr_rows[8:11], lr_rows[11:14], strict=True)
+    )
+    for (label, rs_a), (_, rs_b) in pairs:
+      lines.append(
+        f"| {label} | {_mean_std([r['evals'][-1]['test_accuracy'] for r in rs_a])} | "
+        f"{_mean_std([r['evals'][-1]['test_accuracy'] for r in rs_b])} |"
       )
     lines.append("")
 
@@ -655,6 +695,7 @@ def _plot_speedups(out: Path, t3: dict) -> str:
         width,
         hatch="//",
         fill=False,
+        edgecolor=f"C{ALGORITHMS.index(alg)}",  # the simulated bar's colour
         label=f"{LABELS[alg]} (paper)",
       )
     ax.set_xticks(x, CLUSTERS)
@@ -685,7 +726,9 @@ def _plot_curves(out: Path, preset: Preset, cells: dict[str, dict[str, list[dict
       axes[0, j].plot(t, acc, marker=".", label=LABELS[alg])
       axes[1, j].plot(it, acc, marker=".", label=LABELS[alg])
     axes[0, j].set_title(f"{cluster}: test accuracy vs simulated time")
-    axes[0, j].set_xlabel("simulated time (worker iterations)")
+    axes[0, j].set_xlabel("simulated time (worker iterations, log scale above 10)")
+    # AR-SGD and SGP take 10-100x longer on HE1/HE2: a log axis keeps the others readable.
+    axes[0, j].set_xscale("symlog", linthresh=10)
     axes[1, j].set_title(f"{cluster}: test accuracy vs samples / (n B)")
     axes[1, j].set_xlabel("cluster iterations")
     for ax in axes[:, j]:
@@ -727,7 +770,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument(
     "--parts",
     nargs="+",
-    default=["table3", "table2", "ablation", "period", "choices", "overhead"],
+    default=["table3", "table2", "ablation", "period", "choices", "lr", "overhead"],
   )
   parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th")
   parser.add_argument("--report_only", action="store_true")

@@ -32,7 +32,7 @@ import heapq
 import math
 import time as _time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -738,8 +738,10 @@ class _Asp(_Base):
   """Send the gradient, wait for the PS to apply it and send x~ back, replace the model."""
 
   def setup(self) -> None:
+    from optax_lena._src.aladdin.baselines import asp_server
+
     problem = self.problem
-    self.server = _asp_server(self.alg.server_tx)
+    self.server = asp_server(self.alg.server_tx)
     self.server_state = self.server.init(problem.params)
     self.receive = _cached_jit(
       ("asp_receive", self.alg.server_tx), lambda: jax.jit(self.server.receive)
@@ -780,7 +782,9 @@ class _Asp(_Base):
   def ps_done(self, s: int, i: int, nbytes: float, grads: PyTree) -> None:
     params = None
     if self.train:
-      self.server_state, params = self.timer(self.receive, self.server_state, grads)
+      self.server_state, params = self.timer(
+        self.receive, self.server_state, grads, self.worker_ids[i]
+      )
       self.global_params = params
     self.engine.send(
       self.cluster.ps_nic(s), self.cluster.worker_nic(i), nbytes, self.reply_arrive, i, params
@@ -799,8 +803,10 @@ class _Easgd(_Base):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
 
   def setup(self) -> None:
+    from optax_lena._src.aladdin.baselines import easgd_server
+
     alg, problem = self.alg, self.problem
-    self.server = _easgd_server(self.n, beta=alg.beta, tau=alg.tau)
+    self.server = easgd_server(self.n, beta=alg.beta, tau=alg.tau)
     self.server_state = self.server.init(problem.params)
     self.exchange = _cached_jit(
       ("easgd_exchange", self.n, alg.beta, alg.tau), lambda: jax.jit(self.server.exchange)
@@ -810,7 +816,7 @@ class _Easgd(_Base):
     self.opt_state = [alg.worker_tx.init(problem.params)] * self.n
 
   def eval_params(self) -> PyTree:
-    return _easgd_center(self.server_state)
+    return self.server_state.params
 
   def local_models(self) -> list[PyTree]:
     return self.params
@@ -862,100 +868,38 @@ class _Easgd(_Base):
       self.begin(i)
 
 
-class _Server(NamedTuple):
-  init: Callable[..., Any]
-  receive: Callable[..., Any] | None = None
-  exchange: Callable[..., Any] | None = None
-
-
-def _asp_server(server_tx: optax.GradientTransformation) -> Any:
-  """``al.asp_server`` when the package has it; else the same step written here: the PS applies
-  each gradient at once, ``x~ <- x~ + server_tx(g)``, and returns x~."""
-  from optax_lena import aladdin as al
-
-  if hasattr(al, "asp_server"):
-    return al.asp_server(server_tx)
-
-  def init(params):
-    return params, server_tx.init(params)
-
-  def receive(state, grads):
-    params, opt_state = state
-    updates, opt_state = server_tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return (params, opt_state), params
-
-  return _Server(init, receive=receive)
-
-
-def _easgd_server(num_workers: int, *, beta: float | None, tau: int) -> Any:
-  """``al.easgd_server`` when the package has it; else the elastic exchange written here:
-  ``d = x_i - x~; x_i <- x_i - beta d; x~ <- x~ + beta d`` (beta = 0.9 / n by default)."""
-  from optax_lena import aladdin as al
-
-  if hasattr(al, "easgd_server"):
-    return al.easgd_server(num_workers, beta=beta, tau=tau)
-  rate = 0.9 / num_workers if beta is None else beta
-
-  def init(params):
-    return params
-
-  def exchange(center, local, worker):
-    del worker
-    diff = jax.tree.map(jnp.subtract, local, center)
-    new_local = jax.tree.map(lambda x, d: x - rate * d, local, diff)
-    return jax.tree.map(lambda c, d: c + rate * d, center, diff), new_local
-
-  return _Server(init, exchange=exchange)
-
-
-def _easgd_center(state: Any) -> PyTree:
-  for name in ("center", "params", "global_params"):
-    if hasattr(state, name):
-      return getattr(state, name)
-  if isinstance(state, dict):
-    return state
-  raise AttributeError(f"Cannot find the center variable of the EASGD state {type(state)}.")
-
-
-def sgp_out_peer(worker: int, iteration: int, num_workers: int) -> int:
-  """The peer ``worker`` pushes to at ``iteration`` on the directed exponential graph: offsets
-  1, 2, 4, ... < n in turn."""
-  num_offsets = max(1, math.ceil(math.log2(num_workers)))
-  return (worker + 2 ** (iteration % num_offsets)) % num_workers
-
-
 class _Sgp(_Base):
   """Push-sum to one peer per iteration; wait for the in-peer's message of the previous
-  iteration before starting the next (1-overlap)."""
+  iteration before starting the next (1-overlap). The push-sum pieces (peer, halving, mixing,
+  de-biasing) are ``al.sgp``'s."""
+
+  def __init__(self, alg: Algorithm, cluster: Cluster, *args: Any):
+    from optax_lena._src.aladdin.baselines import sgp
+
+    self.gossip = sgp(cluster.num_workers, overlap=1)
+    super().__init__(alg, cluster, *args)
 
   def setup(self) -> None:
     alg, problem = self.alg, self.problem
     grad = jax.value_and_grad(problem.loss_fn)
     tx = alg.worker_tx
+    gossip = self.gossip
 
     def step(x, w, opt_state, batch):
-      # The gradient at the de-biased model z = x / w; the update applies to the numerator x.
-      z = jax.tree.map(lambda v: v / w, x)
+      # The gradient at the de-biased model z = x / w; the update applies to the numerator x,
+      # which then keeps half of itself (the other half is the message to the peer).
+      z = gossip.debias(x, w)
       loss, grads = grad(z, batch)
       updates, opt_state = tx.update(grads, opt_state, z)
-      x = optax.apply_updates(x, updates)
-      half = jax.tree.map(lambda v: v * 0.5, x)
-      return half, w * 0.5, opt_state, loss
+      (x, w), _ = gossip.send(optax.apply_updates(x, updates), w)
+      return x, w, opt_state, loss
 
-    def mix(x, w, x_in, w_in):
-      return jax.tree.map(jnp.add, x, x_in), w + w_in
+    def mean_debiased(xs, ws):
+      return jax.tree.map(lambda *v: sum(v[1:], v[0]) / len(v), *map(gossip.debias, xs, ws))
 
-    self.step = _cached_jit(("sgp_step", problem.loss_fn, tx), lambda: jax.jit(step))
-    self.mix = _cached_jit(("sgp_mix",), lambda: jax.jit(mix))
-    self.debias = _cached_jit(
-      ("sgp_debias",),
-      lambda: jax.jit(
-        lambda xs, ws: jax.tree.map(
-          lambda *v: sum(a / b for a, b in zip(v, ws, strict=True)) / len(ws), *xs
-        )
-      ),
-    )
+    self.step = _cached_jit(("sgp_step", problem.loss_fn, tx, self.n), lambda: jax.jit(step))
+    self.mix = _cached_jit(("sgp_mix", self.n), lambda: jax.jit(gossip.mix))
+    self.debias = _cached_jit(("sgp_debias", self.n), lambda: jax.jit(mean_debiased))
     self.x = [problem.params] * self.n
     self.w = [jnp.ones([], jnp.float32)] * self.n
     self.opt_state = [tx.init(problem.params)] * self.n
@@ -983,7 +927,7 @@ class _Sgp(_Base):
       self.losses.append(loss)
       message = (self.x[i], self.w[i])
     self.messages[i] += 1
-    peer = sgp_out_peer(i, k, self.n)
+    peer = self.gossip.peer(i, k)
     e.send(
       self.cluster.worker_nic(i),
       self.cluster.worker_nic(peer),

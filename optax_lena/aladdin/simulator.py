@@ -1,0 +1,45 @@
+"""The deterministic cluster simulator for ALADDIN and its baselines (public names).
+
+``from optax_lena.aladdin import simulator as sim``: :func:`simulate` runs the real JAX
+computations of n workers and the parameter server in the order a cluster with the given speeds
+would produce them (or, with ``problem=None``, only their timing); :class:`Cluster` and the
+helpers below are its cost model. See ``docs/ALADDIN.md``, section 5.
+"""
+
+from optax_lena._src.aladdin.cluster import (
+  GIGABIT,
+  PAPER_MODELS,
+  PAPER_SLOWDOWNS,
+  Cluster,
+  ModelSize,
+  calibrated_compute_time,
+  make_cluster,
+  paper_cluster,
+)
+from optax_lena._src.aladdin.simulator import (
+  ALGORITHMS,
+  Algorithm,
+  EvalPoint,
+  Problem,
+  SimResult,
+  algorithm,
+  simulate,
+)
+
+__all__ = [
+  "ALGORITHMS",
+  "GIGABIT",
+  "PAPER_MODELS",
+  "PAPER_SLOWDOWNS",
+  "Algorithm",
+  "Cluster",
+  "EvalPoint",
+  "ModelSize",
+  "Problem",
+  "SimResult",
+  "algorithm",
+  "calibrated_compute_time",
+  "make_cluster",
+  "paper_cluster",
+  "simulate",
+]
