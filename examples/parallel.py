@@ -162,7 +162,8 @@ class Strategy:
     return self.shard(self.split(batch))
 
   def shard(self, batch: Batch) -> Batch:
-    """Puts ``batch`` on the devices, its leading axis split over them."""
+    """Puts ``batch`` on the mesh, its leading axis split over the devices (also how
+    evaluation batches are placed, whatever the strategy)."""
     return jax.device_put(batch, NamedSharding(self.mesh, P(AXIS)))
 
 
@@ -220,8 +221,8 @@ class Pmap(Strategy):
   def from_device(self, state: PyTree) -> PyTree:
     return self.on_mesh(flax.jax_utils.unreplicate(state))
 
-  def shard(self, batch: Batch) -> Batch:
-    return batch  # pmap splits the leading axis over its devices
+  def shard_batch(self, batch: Batch) -> Batch:
+    return self.split(batch)  # pmap splits the leading axis over its devices
 
 
 class Gspmd(Strategy):
