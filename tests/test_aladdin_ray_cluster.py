@@ -111,3 +111,17 @@ def test_ctrl_c_shuts_everything_down(ray_dir: Path) -> None:
       proc.kill()
   assert proc.returncode == 130, err[-3000:]
   _assert_no_process_left(ray_dir)
+
+
+def test_joining_an_unreachable_cluster_fails_fast_with_a_clear_error() -> None:
+  import socket
+
+  from optax_lena.aladdin import distributed as ad
+
+  with socket.socket() as s:  # a port nobody listens on
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  t0 = time.time()
+  with pytest.raises(ad.ClusterLostError, match="Could not join the Ray cluster"):
+    ad.connect(address=f"127.0.0.1:{port}")
+  assert time.time() - t0 < 10  # Ray alone retries for minutes

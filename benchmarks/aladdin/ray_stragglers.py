@@ -51,7 +51,7 @@ def main() -> None:
     workers=args.workers,
     batch_size=128,
     lr=0.05,
-    server_momentum=False,
+    plain_server_step=False,
   )
   task, accuracy = example.build_task(ex_args)
   accuracy(task.init_params)

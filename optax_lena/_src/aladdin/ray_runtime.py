@@ -754,6 +754,17 @@ def connect(
   if ray.is_initialized():
     return False
   if address is not None:
+    # Ray retries an unreachable GCS for minutes; a TCP probe of "host:port" fails in seconds.
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "://" not in address:
+      try:
+        with socket.create_connection((host, int(port)), timeout=5.0):
+          pass
+      except OSError as err:
+        raise ClusterLostError(
+          f"Could not join the Ray cluster at {address!r}: {err}. Check the address (the head "
+          "node's GCS, port 6379 by default) and that the cluster is up."
+        ) from err
     try:
       ray.init(address=address, log_to_driver=log_to_driver, include_dashboard=False)
     except (ConnectionError, TimeoutError, RuntimeError) as err:
