@@ -35,6 +35,7 @@ def main() -> None:
   parser.add_argument("--time_budget", type=float, default=20.0)
   parser.add_argument("--worker_nice", type=int, default=5)
   parser.add_argument("--num_cpus", type=int, default=2)
+  parser.add_argument("--server_momentum", action="store_true", help="server: SGD momentum 0.9")
   parser.add_argument(
     "--out", type=Path, default=Path("benchmarks/aladdin/ray/ray_stragglers.json")
   )
@@ -51,7 +52,7 @@ def main() -> None:
     workers=args.workers,
     batch_size=128,
     lr=0.05,
-    plain_server_step=False,
+    server_momentum=args.server_momentum,
   )
   task, accuracy = example.build_task(ex_args)
   accuracy(task.init_params)
