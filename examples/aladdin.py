@@ -135,7 +135,9 @@ def run_one(algorithm: str, args: argparse.Namespace, task: Any, accuracy: Any) 
     worker_nice=args.worker_nice,
   )
   t0 = time.time()
-  with ad.Runtime(task, config, address=args.address, num_cpus=args.num_cpus) as runtime:
+  with ad.Runtime(
+    task, config, address=args.address, num_cpus=args.num_cpus, temp_dir=args.ray_temp_dir
+  ) as runtime:
     startup = time.time() - t0
     result = runtime.run(
       args.time_budget, eval_fn=accuracy, eval_every=args.eval_every, progress=not args.quiet
@@ -232,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--chunk_seconds", type=float, default=0.5)
   parser.add_argument("--address", default=None, help="join this Ray cluster (host:port)")
   parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of the local Ray node")
+  parser.add_argument("--ray_temp_dir", default=None, help="session root of the local Ray node")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument(
     "--worker_nice", type=int, default=0, help="lower the workers' CPU priority (few cores)"

@@ -125,3 +125,53 @@ def test_joining_an_unreachable_cluster_fails_fast_with_a_clear_error() -> None:
   with pytest.raises(ad.ClusterLostError, match="Could not join the Ray cluster"):
     ad.connect(address=f"127.0.0.1:{port}")
   assert time.time() - t0 < 10  # Ray alone retries for minutes
+
+
+def test_example_command_writes_the_table_json_and_plots(ray_dir: Path) -> None:
+  out = ray_dir / "result.json"
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "examples.aladdin",
+      "--algorithm",
+      "aladdin",
+      "--workers",
+      "2",
+      "--slowdown",
+      "1:3",
+      "--time_budget",
+      "3",
+      "--eval_every",
+      "1",
+      "--num_samples",
+      "1000",
+      "--num_cpus",
+      "1",
+      "--quiet",
+      "--data_dir",
+      str(ray_dir / "data"),
+      "--plot_dir",
+      str(ray_dir / "plots"),
+      "--json",
+      str(out),
+      "--ray_temp_dir",
+      str(ray_dir),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "samples/s" in done.stdout and "wait % per worker" in done.stdout
+  result = json.loads(out.read_text())
+  assert result["throughput"] > 0
+  assert 0.0 <= result["test_accuracy"] <= 1.0
+  assert len(result["wait_fraction"]) == 2
+  run = result["runs"]["aladdin"]
+  assert run["iterations"][0] > run["iterations"][1] > 0  # worker 1 is 3x slower
+  assert sum(run["merges"]) > 0
+  for name in ("accuracy_vs_time.png", "iterations.png"):
+    assert (ray_dir / "plots" / name).stat().st_size > 1000
+  _assert_no_process_left(ray_dir)
