@@ -197,3 +197,27 @@ def test_stopped_run_resumes_from_its_checkpoint(cluster: str, tmp_path: Path) -
     assert all(i["start_updates"] == updates for i in infos)
     second = runtime.run(1.0, progress=False)
   assert second.shards[0]["global_updates"] > updates
+
+
+@pytest.mark.parametrize("algorithm", ["ar_sgd", "asp", "easgd"])
+def test_baselines_run_on_the_same_runtime(cluster: str, algorithm: str) -> None:
+  config = _config(algorithm=algorithm, ps_shards=2, slowdown={1: 2.0})
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(1.5, progress=False)
+    locals_ = [ray.get(w.get_params.remote()) for w in runtime.workers]
+  assert min(result.iterations) > 0
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
+  loss0 = float(helpers.loss_fn(helpers.init_params(), next(helpers.batches(9, 9))))
+  assert float(helpers.loss_fn(result.final_params, next(helpers.batches(9, 9)))) < loss0
+  if algorithm == "ar_sgd":  # a barrier per iteration: the workers stay identical
+    assert result.iterations[0] == result.iterations[1]
+    jax.tree.map(np.testing.assert_array_equal, locals_[0], locals_[1])
+    assert min(result.wait_fraction) > 0
+  else:  # symmetric: every message waits for the server's answer
+    assert len(result.shards) >= 2 and all(s["rejected_by_server"] == 0 for s in result.shards)
+    tau = 1 if algorithm == "asp" else config.easgd_tau
+    for iterations, merges in zip(result.iterations, result.merges, strict=True):
+      assert merges == iterations // tau
+    assert sum(s["global_updates"] for s in result.shards) == len(result.shards) * sum(
+      result.merges
+    )
