@@ -63,3 +63,15 @@ def test_per_worker_batchnorm_under_vmap() -> None:
   stacked = jax.vmap(f)(x)
   for i in range(3):
     np.testing.assert_allclose(stacked[i], f(x[i]), rtol=1e-5, atol=1e-5)
+
+
+def test_config_builds_the_study_model() -> None:
+  """``--config mnist1d_resnet1d`` is the second study's setting (ResNet1D width 8)."""
+  from examples import configs
+
+  config = configs.get_config("mnist1d_resnet1d")
+  assert (config.model, config.width, config.per_worker_batch) == ("resnet1d", 8, 8)
+  assert config.mnist1d_num_samples == 10_000
+  model = models.create_model(config.model, 10, width=config.width)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 40)), train=False)
+  assert sum(x.size for x in jax.tree.leaves(variables["params"])) == 61_778
