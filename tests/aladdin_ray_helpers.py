@@ -71,6 +71,26 @@ def session_processes(marker: str) -> list[Any]:
   return found
 
 
+def actor_processes() -> list[Any]:
+  """Live Ray worker processes: they retitle themselves ``ray::<Class>`` (``ray::IDLE`` when
+  idle), so their command line no longer shows the session's temp dir."""
+  import psutil
+
+  found = []
+  for proc in psutil.process_iter(["pid", "cmdline"]):
+    with contextlib.suppress(psutil.Error, IndexError, TypeError):
+      if proc.info["cmdline"][0].startswith("ray::"):
+        found.append(proc)
+  return found
+
+
+def processes_since(marker: str, before: set[int]) -> list[Any]:
+  """The session's processes (``marker`` in the command line) and every Ray worker process that
+  did not exist in ``before`` (pids of :func:`actor_processes` taken earlier)."""
+  new_workers = [p for p in actor_processes() if p.pid not in before]
+  return session_processes(marker) + new_workers
+
+
 def ray_processes_of(root_pid: int) -> list[Any]:
   """The descendants of ``root_pid`` (a driver that started a local Ray cluster)."""
   import psutil

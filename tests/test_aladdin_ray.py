@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -45,21 +46,23 @@ def _alarm() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-  """A local Ray cluster started the way the runtime starts it; yields its temp dir."""
+def cluster() -> Iterator[tuple[str, set[int]]]:
+  """A local Ray cluster started the way the runtime starts it; yields its temp dir and the Ray
+  worker processes that existed before it (so that its own can be told apart)."""
   # The actors import this helper module by value: tests/ is not on their sys.path.
   ray.cloudpickle.register_pickle_by_value(helpers)
   # A short path: Ray's Unix sockets live under it, and their paths must stay < 108 bytes.
   temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
+  before = {p.pid for p in helpers.actor_processes()}
   assert ad.connect(num_cpus=2, temp_dir=temp_dir)
   try:
-    yield temp_dir
+    yield (temp_dir, before)
   finally:
     ray.shutdown()
     deadline = time.time() + 30
-    while helpers.session_processes(temp_dir) and time.time() < deadline:
+    while helpers.processes_since(temp_dir, before) and time.time() < deadline:
       time.sleep(0.5)
-    left = helpers.session_processes(temp_dir)
+    left = helpers.processes_since(temp_dir, before)
     helpers.kill_all(left)
     shutil.rmtree(temp_dir, ignore_errors=True)
     assert not left, f"Ray processes left behind: {[p.pid for p in left]}"
@@ -70,16 +73,23 @@ def _config(**kw: Any) -> ad.Config:
   return ad.Config(**{**defaults, **kw})
 
 
-def test_local_cluster_binds_loopback_only_and_has_no_dashboard(cluster: str) -> None:
+def test_local_cluster_binds_loopback_only_and_has_no_dashboard(
+  cluster: tuple[str, set[int]],
+) -> None:
   with ad.Runtime(helpers.make_task(), _config()) as runtime:
     runtime.run(1.0, progress=False)
-    processes = helpers.session_processes(cluster)
+    # gcs_server, raylet, agents (temp dir in their command line), the actors (retitled
+    # ray::Worker / ray::ServerShard) and this driver: every process that serves the session.
+    processes = [*helpers.processes_since(*cluster), psutil.Process()]
+    actors = [p for p in processes if p.cmdline()[0].startswith("ray::")]
     addresses = helpers.listening_addresses(processes)
+    actor_addresses = helpers.listening_addresses(actors)
     heads = [p for p in processes if "dashboard/dashboard.py" in " ".join(p.cmdline())]
     head_commands = [" ".join(p.cmdline()) for p in heads]
     head_addresses = helpers.listening_addresses(heads)
   # gcs_server, raylet and the actors' core workers all listen; none on a non-loopback address.
-  assert len(addresses) >= 4, addresses
+  assert len(actors) >= 3 and len(actor_addresses) >= 3, (actors, actor_addresses)
+  assert len(addresses) >= 6, addresses
   exposed = [a for a in addresses if not helpers.is_loopback(a[0])]
   assert not exposed, f"listening beyond loopback: {exposed}"
   # Ray keeps a dashboard head process for usage statistics even without the dashboard: it must
@@ -91,7 +101,9 @@ def test_local_cluster_binds_loopback_only_and_has_no_dashboard(cluster: str) ->
   assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
 
 
-def test_bad_gradients_are_rejected_counted_and_never_applied(cluster: str) -> None:
+def test_bad_gradients_are_rejected_counted_and_never_applied(
+  cluster: tuple[str, set[int]],
+) -> None:
   with ad.Runtime(helpers.make_task(), _config()) as runtime:
     shard = runtime.shards[0]
     before = runtime.global_params()
@@ -130,7 +142,9 @@ def test_bad_gradients_are_rejected_counted_and_never_applied(cluster: str) -> N
   assert result.merges[1] == 0  # the poisoning worker never triggered a global update
 
 
-def test_killed_worker_restarts_from_the_global_model_while_others_continue(cluster: str) -> None:
+def test_killed_worker_restarts_from_the_global_model_while_others_continue(
+  cluster: tuple[str, set[int]],
+) -> None:
   events: list[tuple[float, int, int]] = []  # (time, worker, incarnation) of finished chunks
   killed: dict[str, float] = {}
 
@@ -156,7 +170,7 @@ def test_killed_worker_restarts_from_the_global_model_while_others_continue(clus
 
 
 def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
-  cluster: str, tmp_path: Path
+  cluster: tuple[str, set[int]], tmp_path: Path
 ) -> None:
   killed: dict[str, int] = {}
 
@@ -200,7 +214,7 @@ def test_stopped_run_resumes_from_its_checkpoint(cluster: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("algorithm", ["ar_sgd", "asp", "easgd"])
-def test_baselines_run_on_the_same_runtime(cluster: str, algorithm: str) -> None:
+def test_baselines_run_on_the_same_runtime(cluster: tuple[str, set[int]], algorithm: str) -> None:
   config = _config(algorithm=algorithm, ps_shards=2, slowdown={1: 2.0})
   with ad.Runtime(helpers.make_task(), config) as runtime:
     result = runtime.run(1.5, progress=False)

@@ -31,8 +31,12 @@ ROOT = DRIVER.parent.parent
 def ray_dir() -> Iterator[Path]:
   """A short temp dir: Ray's Unix sockets live under it, and their paths must stay < 108 bytes."""
   path = Path(tempfile.mkdtemp(prefix="ray_", dir="/tmp"))
+  _WORKERS_BEFORE[str(path)] = {p.pid for p in helpers.actor_processes()}
   yield path
   shutil.rmtree(path, ignore_errors=True)
+
+
+_WORKERS_BEFORE: dict[str, set[int]] = {}  # Ray worker pids that existed before each test
 
 
 def _start_training(temp_dir: Path) -> subprocess.Popen:
@@ -55,10 +59,11 @@ def _start_training(temp_dir: Path) -> subprocess.Popen:
 
 
 def _assert_no_process_left(temp_dir: Path) -> None:
+  before = _WORKERS_BEFORE[str(temp_dir)]
   deadline = time.time() + 20
-  while helpers.session_processes(str(temp_dir)) and time.time() < deadline:
+  while helpers.processes_since(str(temp_dir), before) and time.time() < deadline:
     time.sleep(0.5)
-  left = helpers.session_processes(str(temp_dir))
+  left = helpers.processes_since(str(temp_dir), before)
   helpers.kill_all(left)
   assert not left, f"Ray processes left behind: {[p.pid for p in left]}"
 
