@@ -113,7 +113,7 @@ def build_task(args: argparse.Namespace) -> tuple[Any, Any]:
   )
   x_test, y_test = jnp.asarray(data["x_test"]), jnp.asarray(data["y_test"])
   predict = jax.jit(
-    lambda p: jnp.mean(jnp.argmax(model.apply({"params": p}, x_test), -1) == y_test)
+    lambda p: jnp.mean(jnp.argmax(jnp.asarray(model.apply({"params": p}, x_test)), -1) == y_test)
   )
   return task, lambda p: float(predict(p))
 

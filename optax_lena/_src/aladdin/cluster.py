@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import Any
 
 # The paper's clusters (Table 3): one worker (index 0) slower by this factor.
 PAPER_SLOWDOWNS: dict[str, float] = {"HO": 1.0, "HE0": 2.0, "HE1": 10.0, "HE2": 100.0}
@@ -149,7 +150,7 @@ def make_cluster(
   compute_time: float,
   *,
   slowdown: float | Mapping[int, float] = 1.0,
-  **kwargs: float | int | bool,
+  **kwargs: Any,
 ) -> Cluster:
   """A cluster of ``num_workers`` equal workers, some slowed down.
 

@@ -384,7 +384,7 @@ def simulate(
       "Training mode runs one PS shard (the server's computation is not split); sharding is "
       "modelled in the timing-only mode. Use num_shards=1."
     )
-  if model_bytes is None:
+  if model_bytes is None and problem is not None:
     model_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(problem.params)))
   sim = {
     "aladdin": _Aladdin,
@@ -454,7 +454,7 @@ class _Base:
     self.jitter_rngs = [np.random.default_rng([seed, i, 1]) for i in range(self.n)]
     self.eval_every = (num_samples / num_evals) if num_samples and num_evals > 0 else math.inf
     self.next_eval = self.eval_every
-    if self.train:
+    if problem is not None:
       # One generator per worker, derived from (seed, worker): a worker's batches do not depend
       # on the other workers' speeds.
       self.batches = [
@@ -471,10 +471,10 @@ class _Base:
           lambda p, x, y: (problem.loss_fn(p, (x, y)), problem.accuracy_fn(p, (x, y)))
         ),
       )
-      self.setup()
+      self.setup(problem)
 
   # -- hooks of the algorithms --------------------------------------------------------------
-  def setup(self) -> None:
+  def setup(self, problem: Problem) -> None:
     """Builds the JAX functions and the initial states (training mode)."""
 
   def start(self) -> None:
@@ -562,8 +562,20 @@ def _cached_jit(key: tuple, build: Callable[[], Any]) -> Any:
   return _JIT_CACHE[key]
 
 
-def _local_step_fn(problem: Problem, tx: optax.GradientTransformation) -> Any:
+def _required_tx(
+  tx: optax.GradientTransformation | None, field: str
+) -> optax.GradientTransformation:
+  if tx is None:
+    raise ValueError(
+      f"Training mode needs Algorithm.{field}: build it with algorithm(..., {field}=...)."
+    )
+  return tx
+
+
+def _local_step_fn(problem: Problem, tx: optax.GradientTransformation | None) -> Any:
   from optax_lena._src.aladdin.worker import local_step
+
+  tx = _required_tx(tx, "worker_tx")
 
   return _cached_jit(
     ("local_step", problem.loss_fn, tx), lambda: jax.jit(local_step(problem.loss_fn, tx))
@@ -583,10 +595,10 @@ def _tree_bytes(tree: PyTree) -> float:
 class _Aladdin(_Base):
   """Workers push and never wait; the PS replies every ``period`` gradients of a worker."""
 
-  def setup(self) -> None:
+  def setup(self, problem: Problem) -> None:
     from optax_lena._src.aladdin.server import parameter_server
 
-    alg, problem = self.alg, self.problem
+    alg = self.alg
     server = parameter_server(
       self.n, alg.server_tx, period=alg.period, normalise=alg.normalise, alpha=alg.alpha
     )
@@ -598,7 +610,7 @@ class _Aladdin(_Base):
     self.step = _local_step_fn(problem, alg.worker_tx)
     self.merge = _merge_fn()
     self.params = [problem.params] * self.n
-    self.opt_state = [alg.worker_tx.init(problem.params)] * self.n
+    self.opt_state = [_required_tx(alg.worker_tx, "worker_tx").init(problem.params)] * self.n
 
   def start(self) -> None:
     self.inbox: list[list[Any]] = [[] for _ in range(self.n)]
@@ -687,8 +699,8 @@ class _Aladdin(_Base):
 class _ArSgd(_Base):
   """A barrier every iteration, then a ring all-reduce of the gradients."""
 
-  def setup(self) -> None:
-    problem, tx = self.problem, self.alg.worker_tx
+  def setup(self, problem: Problem) -> None:
+    tx = _required_tx(self.alg.worker_tx, "worker_tx")
     grad = jax.value_and_grad(problem.loss_fn)
 
     def step(params, opt_state, xs, ys):
@@ -737,10 +749,9 @@ class _ArSgd(_Base):
 class _Asp(_Base):
   """Send the gradient, wait for the PS to apply it and send x~ back, replace the model."""
 
-  def setup(self) -> None:
+  def setup(self, problem: Problem) -> None:
     from optax_lena._src.aladdin.baselines import asp_server
 
-    problem = self.problem
     self.server = asp_server(self.alg.server_tx)
     self.server_state = self.server.init(problem.params)
     self.receive = _cached_jit(
@@ -802,10 +813,10 @@ class _Asp(_Base):
 class _Easgd(_Base):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
 
-  def setup(self) -> None:
+  def setup(self, problem: Problem) -> None:
     from optax_lena._src.aladdin.baselines import easgd_server
 
-    alg, problem = self.alg, self.problem
+    alg = self.alg
     self.server = easgd_server(self.n, beta=alg.beta, tau=alg.tau)
     self.server_state = self.server.init(problem.params)
     self.exchange = _cached_jit(
@@ -813,7 +824,7 @@ class _Easgd(_Base):
     )
     self.step = _local_step_fn(problem, alg.worker_tx)
     self.params = [problem.params] * self.n
-    self.opt_state = [alg.worker_tx.init(problem.params)] * self.n
+    self.opt_state = [_required_tx(alg.worker_tx, "worker_tx").init(problem.params)] * self.n
 
   def eval_params(self) -> PyTree:
     return self.server_state.params
@@ -879,10 +890,10 @@ class _Sgp(_Base):
     self.gossip = sgp(cluster.num_workers, overlap=1)
     super().__init__(alg, cluster, *args)
 
-  def setup(self) -> None:
-    alg, problem = self.alg, self.problem
+  def setup(self, problem: Problem) -> None:
+    alg = self.alg
     grad = jax.value_and_grad(problem.loss_fn)
-    tx = alg.worker_tx
+    tx = _required_tx(alg.worker_tx, "worker_tx")
     gossip = self.gossip
 
     def step(x, w, opt_state, batch):
