@@ -746,7 +746,28 @@ class _ArSgd(_Base):
       self.begin(i)
 
 
-class _Asp(_Base):
+class _SymmetricExchange(_Base):
+  """A worker that waits for the PS's answer from every shard, then adopts the model it sent
+  (ASP: x~; EASGD: the elastic local model) and starts its next iteration."""
+
+  params: list[PyTree]
+  pending: list[int]
+
+  def start(self) -> None:
+    self.pending = [0] * self.n
+    for i in range(self.n):
+      self.begin(i)
+
+  def reply_arrive(self, i: int, params: PyTree) -> None:
+    self.engine.log("reply", i)
+    self.pending[i] -= 1
+    if self.pending[i] == 0:
+      if self.train:
+        self.params[i] = params
+      self.begin(i)
+
+
+class _Asp(_SymmetricExchange):
   """Send the gradient, wait for the PS to apply it and send x~ back, replace the model."""
 
   def setup(self, problem: Problem) -> None:
@@ -765,11 +786,6 @@ class _Asp(_Base):
 
   def eval_params(self) -> PyTree:
     return self.global_params
-
-  def start(self) -> None:
-    self.pending = [0] * self.n
-    for i in range(self.n):
-      self.begin(i)
 
   def computed(self, i: int) -> None:
     e = self.engine
@@ -801,16 +817,8 @@ class _Asp(_Base):
       self.cluster.ps_nic(s), self.cluster.worker_nic(i), nbytes, self.reply_arrive, i, params
     )
 
-  def reply_arrive(self, i: int, params: PyTree) -> None:
-    self.engine.log("reply", i)
-    self.pending[i] -= 1
-    if self.pending[i] == 0:
-      if self.train:
-        self.params[i] = params
-      self.begin(i)
 
-
-class _Easgd(_Base):
+class _Easgd(_SymmetricExchange):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
 
   def setup(self, problem: Problem) -> None:
@@ -831,11 +839,6 @@ class _Easgd(_Base):
 
   def local_models(self) -> list[PyTree]:
     return self.params
-
-  def start(self) -> None:
-    self.pending = [0] * self.n
-    for i in range(self.n):
-      self.begin(i)
 
   def computed(self, i: int) -> None:
     e = self.engine
@@ -869,14 +872,6 @@ class _Easgd(_Base):
     self.engine.send(
       self.cluster.ps_nic(s), self.cluster.worker_nic(i), nbytes, self.reply_arrive, i, new_local
     )
-
-  def reply_arrive(self, i: int, new_local: PyTree) -> None:
-    self.engine.log("reply", i)
-    self.pending[i] -= 1
-    if self.pending[i] == 0:
-      if self.train:
-        self.params[i] = new_local
-      self.begin(i)
 
 
 class _Sgp(_Base):
