@@ -73,28 +73,26 @@ class CNN1D(nn.Module):
 
 class BasicBlock(nn.Module):
   """ResNet basic block: two 3x3 convs with BatchNorm, plus a projection shortcut when the
-  shape changes (1x1 conv + BatchNorm, "option B" of He et al.)."""
+  shape changes (1x1 conv + BatchNorm, "option B" of He et al.); ``ndim`` spatial axes."""
 
   features: int
   conv: ModuleDef
   norm: ModuleDef
   strides: int = 1
+  ndim: int = 2
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     residual = x
-    y = self.conv(self.features, (3, 3), strides=(self.strides, self.strides))(x)
+    kernel, strides = (3,) * self.ndim, (self.strides,) * self.ndim
+    y = self.conv(self.features, kernel, strides=strides)(x)
     y = self.norm()(y)
     y = nn.relu(y)
-    y = self.conv(self.features, (3, 3))(y)
+    y = self.conv(self.features, kernel)(y)
     y = self.norm()(y)
     if residual.shape != y.shape:
       residual = self.conv(
-        self.features,
-        (1, 1),
-        strides=(self.strides, self.strides),
-        padding="VALID",
-        name="shortcut_conv",
+        self.features, (1,) * self.ndim, strides=strides, padding="VALID", name="shortcut_conv"
       )(residual)
       residual = self.norm(name="shortcut_norm")(residual)
     return nn.relu(residual + y)
@@ -163,26 +161,10 @@ class ResNet18(nn.Module):
     return jnp.asarray(x, jnp.float32)
 
 
-class BasicBlock1D(nn.Module):
+class BasicBlock1D(BasicBlock):
   """The 1D basic block of :class:`ResNet1D`: :class:`BasicBlock` with width-3 kernels."""
 
-  features: int
-  conv: ModuleDef
-  norm: ModuleDef
-  strides: int = 1
-
-  @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    residual = x
-    y = self.conv(self.features, (3,), strides=(self.strides,))(x)
-    y = nn.relu(self.norm()(y))
-    y = self.norm()(self.conv(self.features, (3,))(y))
-    if residual.shape != y.shape:
-      residual = self.conv(
-        self.features, (1,), strides=(self.strides,), padding="VALID", name="shortcut_conv"
-      )(residual)
-      residual = self.norm(name="shortcut_norm")(residual)
-    return nn.relu(residual + y)
+  ndim: int = 1
 
 
 class ResNet1D(nn.Module):
@@ -246,7 +228,7 @@ class ResNet1D(nn.Module):
     return jnp.asarray(x, jnp.float32)
 
 
-_MODELS: dict[str, type[nn.Module]] = {
+MODELS: dict[str, type[nn.Module]] = {
   "cnn1d": CNN1D,
   "resnet18": ResNet18,
   "resnet1d": ResNet1D,
@@ -268,9 +250,7 @@ def create_model(name: str, num_classes: int, **kw: Any) -> nn.Module:
     ValueError: for an unknown name.
   """
   try:
-    cls = _MODELS[name.lower()]
+    cls = MODELS[name.lower()]
   except KeyError:
-    raise ValueError(
-      f"Unknown model {name!r}; valid names: {', '.join(sorted(_MODELS))}."
-    ) from None
+    raise ValueError(f"Unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}.") from None
   return cls(num_classes=num_classes, **kw)

@@ -234,7 +234,7 @@ def validate_config(config: Config) -> None:
     "grouping": tuple(optimizers.GROUPINGS),
     "rng_impl": RNG_IMPLS,
     "eval_split": ("test", "validation"),
-    "model": tuple(models._MODELS),  # the names models.create_model accepts
+    "model": tuple(models.MODELS),  # the names models.create_model accepts
   }
   for key, valid in choices.items():
     value = getattr(config, key)
