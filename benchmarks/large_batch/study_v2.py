@@ -9,10 +9,11 @@ the order it runs (the most informative cells first):
 * ``core``: at ``ablation_scales`` (S = 256, 128), the paper's Table 2 in its shape, rules
   {LSW, AdaScale, LENA} x warm-ups {none, fixed, state-aware}, plus LENA with the two warm-up
   variants ``relative_to_max`` and ``relative_to_mean`` (the per-layer end times: Fig. 7).
-* ``key``: the cells that decide the question (LSW fixed, AdaScale, LENA without / with the
-  paper's warm-up / with each variant), run first with more seeds and at the second scale.
+* ``key``: the cells that decide the question (LSW fixed, AdaScale without / with the
+  state-aware warm-up, LENA without / with the paper's warm-up / with each variant), run first
+  with more seeds and at the second scale.
 * ``table1``: Table 1's shape at every scale, {LSW (fixed), AdaScale (none), LENA
-  (state-aware), LENA (relative_to_max)}, 3 seeds.
+  (state-aware)} (the paper's), AdaScale (state-aware) and LENA (relative_to_max), 3 seeds.
 * ``sweep``: ``optax.lars`` and ``optax.lamb`` with the fixed warm-up, the learning rate chosen
   by the same small sweep (seed 0) at each scale, then the best rate with every seed.
 * ``long``: a 3x longer epoch budget at ``long_scale`` (the single worker included).
@@ -30,7 +31,7 @@ Usage::
   python -m benchmarks.large_batch.study_v2 --smoke --out /tmp/smoke     # seconds (CI)
   python -m benchmarks.large_batch.study_v2                              # the full grid
   python -m benchmarks.large_batch.study_v2 --groups core --scales 256 --seeds 0 1
-  python -m benchmarks.large_batch.study_v2 --groups long --only lena_relmax adascale
+  python -m benchmarks.large_batch.study_v2 --groups long --only lena_s256 adascale_s256_state
   python -m benchmarks.large_batch.study_v2 --shard 0/2 &                # two processes
   python -m benchmarks.large_batch.study_v2 --report_only
 """
@@ -68,18 +69,29 @@ TABLE1 = (
   ("lsw", "fixed"),
   ("adascale", "none"),
   ("lena", "state_aware"),
+  ("adascale", "state_aware"),
   ("lena_relmax", "state_aware"),
 )
 # The cells that answer "when does layer-wise scaling win" (the first to get more seeds/scales).
 KEY = (
   ("lsw", "fixed"),
   ("adascale", "none"),
+  ("adascale", "state_aware"),
   ("lena", "none"),
   ("lena", "state_aware"),
   ("lena_relmax", "state_aware"),
   ("lena_relmean", "state_aware"),
 )
-GROUPS = ("core", "key", "table1", "sweep", "long")
+GROUPS = ("core", "key", "table1", "sweep", "long", "lr")
+# eta0 sensitivity (group "lr"): LENA's ratios sit above AdaScale's R for most layers, so the
+# same eta0 is a larger rate for LENA; these runs vary eta0 at the first ablation scale.
+LR_CELLS = (
+  ("lena", "state_aware"),
+  ("adascale", "state_aware"),
+  ("lena", "none"),
+  ("lena_relmax", "state_aware"),
+)
+LR_FACTORS = (0.5, 0.25, 2.0, 0.125)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,8 +188,8 @@ PRESETS = {
     ablation_scales=(256, 128),
     ablation_seeds=(0, 1, 2),
     sweep_scales=(256, 128, 32, 8),
-    lars_lrs=(1.0, 3.0, 10.0),
-    lamb_lrs=(0.003, 0.01, 0.03),
+    lars_lrs=(1.0, 3.0, 10.0, 30.0),
+    lamb_lrs=(0.003, 0.01, 0.03, 0.1),
     long_scale=256,
     long_epochs=60,
     long_seeds=(0, 1),
@@ -277,10 +289,28 @@ def build_grid(
     for sd in [s for s in p.long_seeds if s in seeds]:
       grid += [
         RunSpec(o, p.long_scale, w, sd, epochs=p.long_epochs)
-        for o, w in (("lena_relmax", "state_aware"), ("adascale", "none"), ("lena", "state_aware"))
+        for o, w in (
+          ("lena", "state_aware"),
+          ("adascale", "state_aware"),
+          ("lena_relmax", "state_aware"),
+          ("adascale", "none"),
+        )
       ]
       grid.append(RunSpec("sgd", 1, "none", sd, epochs=p.long_epochs))
       grid.append(RunSpec("lena", p.long_scale, "none", sd, epochs=p.long_epochs))
+  if "lr" in groups:
+    sc = p.ablation_scales[0]
+    grid += [
+      RunSpec(o, sc, w, first[0], learning_rate=p.learning_rate * f)
+      for f in LR_FACTORS
+      for o, w in LR_CELLS
+    ]
+    # More seeds where LENA without warm-up does best (eta0 / 4), next to AdaScale there.
+    grid += [
+      RunSpec(o, sc, w, sd, learning_rate=p.learning_rate * 0.25)
+      for sd in seeds[1:]
+      for o, w in LR_CELLS
+    ]
   return list(dict.fromkeys(grid))
 
 
@@ -729,6 +759,7 @@ def long_table(sm: Summary, seeds: Sequence[int]) -> str:
   rows = [
     ("sgd", "none", 1),
     ("adascale", "none", p.long_scale),
+    ("adascale", "state_aware", p.long_scale),
     ("lena", "state_aware", p.long_scale),
     ("lena_relmax", "state_aware", p.long_scale),
     ("lena", "none", p.long_scale),
@@ -743,6 +774,42 @@ def long_table(sm: Summary, seeds: Sequence[int]) -> str:
         f"| {label(o)} ({w}) | {ep or p.num_epochs} | {c['n']} | {c['acc']} | {c['it']} | "
         f"{c['loose']} | {c['total']} |"
       )
+  return "\n".join(lines)
+
+
+def lr_table(sm: Summary, seeds: Sequence[int]) -> str:
+  """Accuracy against eta0 (seed 0) for the cells of ``LR_CELLS``."""
+  p = sm.p
+  sc = p.ablation_scales[0]
+  rates = sorted({p.learning_rate, *(p.learning_rate * f for f in LR_FACTORS)})
+  lines = [
+    f"S = {sc} (batch {sc * p.per_worker_batch}), seed {seeds[0]}; eta0 = {p.learning_rate} is "
+    "the single worker's rate used everywhere else",
+    "",
+    "| method | " + " | ".join(f"eta0 = {r:g}" for r in rates) + " |",
+    "|---" * (len(rates) + 1) + "|",
+  ]
+  for o, w in LR_CELLS:
+    row = []
+    for r in rates:
+      lr = 0.0 if r == p.learning_rate else r
+      runs = sm.runs(seeds[:1], optimizer=o, batch_scale=sc, warmup=w, learning_rate=lr)
+      row.append(f"{runs[0].final:.4f}" if runs else "—")
+    lines.append(f"| {label(o)} ({w}) | " + " | ".join(row) + " |")
+  lines += [
+    "",
+    f"All seeds at eta0 = {p.learning_rate * 0.25:g} and {p.learning_rate:g} (mean ± std):",
+    "",
+    f"| method | seeds | eta0 = {p.learning_rate * 0.25:g} | seeds | eta0 = {p.learning_rate:g} |",
+    "|---|---|---|---|---|",
+  ]
+  for o, w in LR_CELLS:
+    low = sm.runs(seeds, optimizer=o, batch_scale=sc, warmup=w, learning_rate=p.learning_rate / 4)
+    base = sm.runs(seeds, optimizer=o, batch_scale=sc, warmup=w)
+    lines.append(
+      f"| {label(o)} ({w}) | {len(low)} | {_ms([r.final for r in low])} | {len(base)} | "
+      f"{_ms([r.final for r in base])} |"
+    )
   return "\n".join(lines)
 
 
@@ -771,6 +838,21 @@ def ratio_spread_table(sm: Summary) -> str:
 # ----------------------------------------------------------------------------------------------
 # Plots
 # ----------------------------------------------------------------------------------------------
+
+
+def depth_order(names: Sequence[str]) -> list[int]:
+  """Leaf indices from the input to the output (the stem, blocks 0, 1, ..., the classifier);
+  ``jax.tree.leaves`` orders Flax's module names alphabetically instead."""
+
+  def key(i: int) -> tuple[int, str]:
+    top = names[i].split("/")[0]
+    if top.startswith("stem"):
+      return (-1, names[i])
+    if top.startswith("BasicBlock1D_"):
+      return (int(top.rsplit("_", 1)[1]), names[i])
+    return (1_000, names[i])
+
+  return sorted(range(len(names)), key=key)
 
 
 def _curve(runs: list[RunResult]) -> tuple[list[int], list[float]]:
@@ -842,12 +924,13 @@ def plot_all(sm: Summary, seeds: Sequence[int], scales: Sequence[int], out: Path
     its = [x["iteration"] for x in r.layers]
     ratios = np.array([x["gain_ratio"] for x in r.layers])
     names = r.final_record["layers"]
+    order = depth_order(names)
     fig, ax = plt.subplots(figsize=(8, 5))
     cmap = plt.get_cmap("viridis")
-    for k in range(ratios.shape[1]):
-      ax.plot(its, ratios[:, k], color=cmap(k / ratios.shape[1]), lw=0.8, alpha=0.8)
+    for j, k in enumerate(order):
+      ax.plot(its, ratios[:, k], color=cmap(j / len(order)), lw=0.8, alpha=0.8)
     ax.plot(its, [x["global_ratio"] for x in r.layers], "r--", lw=2, label="AdaScale R (global)")
-    for k in (0, len(names) - 1):
+    for k in (order[0], order[-1]):
       ax.annotate(names[k], (its[-1], ratios[-1, k]), fontsize=6)
     ax.set(
       yscale="log",
@@ -869,19 +952,20 @@ def plot_all(sm: Summary, seeds: Sequence[int], scales: Sequence[int], out: Path
     if not runs:
       continue
     names = next(iter(runs.values())).final_record["layers"]
+    order = depth_order(names)
     fig, ax = plt.subplots(figsize=(8, 0.16 * len(names) + 2))
     h = 0.8 / len(runs)
     for j, (rule, r) in enumerate(runs.items()):
-      ends = np.array(r.warmup_ends(), float)
+      ends = np.array(r.warmup_ends(), float)[order]
       fr = np.where(ends > 0, ends / r.total_steps, 1.0)
       ax.barh(np.arange(len(names)) + j * h, fr, height=h, label=f"{rule}: acc {r.final:.3f}")
     ax.axvline(0.055, color="tab:red", ls="--", label="LSW fixed warm-up (5.5%)")
     ax.axvline(0.05, color="tab:gray", ls=":", label="alpha = 5%")
-    ax.set_yticks(np.arange(len(names)) + 0.4 - h / 2, names, fontsize=5)
+    ax.set_yticks(np.arange(len(names)) + 0.4 - h / 2, [names[k] for k in order], fontsize=5)
     ax.invert_yaxis()
     ax.set(
       xlabel="fraction of the run at which the layer's warm-up ended (1 = never)",
-      title=f"LENA per-layer warm-up end, S={s} (cf. paper Fig. 7)",
+      title=f"LENA per-layer warm-up end, S={s}, seed 0, input (top) to output (cf. Fig. 7)",
     )
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=7)
@@ -906,6 +990,7 @@ def report(
       + ratio_spread_table(sm),
       "## LARS / LAMB learning-rate sweep (fixed warm-up)\n\n" + sweep_table(sm, seeds, scales),
       "## Longer budget\n\n" + long_table(sm, seeds),
+      "## Sensitivity to eta0\n\n" + lr_table(sm, seeds),
     ]
   )
   (out / "tables.md").write_text(text + "\n")
@@ -927,6 +1012,40 @@ def report(
   return text
 
 
+def compact(p: Preset, out: Path) -> int:
+  """Drops the per-layer time series of the runs no table or plot reads (keeps the repository
+  small): every run keeps its evaluations, its final record (warm-up ends) and its first and
+  last per-layer records; LENA's runs at eta0 with seed 0 at the ablation scales (no warm-up
+  and each warm-up rule) keep the whole series.
+
+  Returns:
+    The number of files rewritten.
+  """
+  changed = 0
+  for path in sorted((out / "runs").glob("*/metrics.jsonl")):
+    config = json.loads((path.parent / "config.json").read_text())
+    spec = config["spec"]
+    keep = (
+      spec["seed"] == 0
+      and spec["batch_scale"] in p.ablation_scales
+      and not spec["epochs"]
+      and not spec["learning_rate"]
+      and spec["optimizer"] in ("lena", *VARIANTS)
+    )
+    if keep:
+      continue
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    layers = [i for i, r in enumerate(recs) if r["kind"] == "layers"]
+    drop = set(layers[1:-1])
+    if drop:
+      kept = [r for i, r in enumerate(recs) if i not in drop]
+      tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+      tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+      os.replace(tmp, path)
+      changed += 1
+  return changed
+
+
 def main(argv: Sequence[str] | None = None) -> str:
   parser = argparse.ArgumentParser(
     prog="python -m benchmarks.large_batch.study_v2",
@@ -941,6 +1060,9 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--cache_dir", default="data_cache")
   parser.add_argument("--shard", default="0/1", help="I/N: every N-th run from the I-th")
   parser.add_argument("--report_only", action="store_true")
+  parser.add_argument(
+    "--compact", action="store_true", help="drop per-layer series no table or plot reads"
+  )
   parser.add_argument(
     "--only", nargs="+", help="train only the runs whose name starts with one of these prefixes"
   )
@@ -966,6 +1088,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     if more:
       grid += more
       run_grid(p, more, out, args.cache_dir, (index, count))
+  if args.compact:
+    print(f"Compacted {compact(p, out)} metrics files.", flush=True)
   full_grid = build_grid(p, out, GROUPS, tuple(p.seeds), tuple(p.scales))
   head = (
     f"# MNIST-1D large-batch study v2 ('{name}' preset)\n\n"
