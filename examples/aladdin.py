@@ -178,11 +178,9 @@ def print_table(rows: Sequence[dict[str, Any]]) -> None:
 
 def save_plots(rows: Sequence[dict[str, Any]], plot_dir: Path, title: str) -> list[Path]:
   """Accuracy vs wall time per algorithm, and per-worker iterations; returns the PNG paths."""
-  import matplotlib
+  from examples import analysis
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = analysis.pyplot()
   plot_dir.mkdir(parents=True, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6, 4))
   for r in rows:
@@ -191,9 +189,7 @@ def save_plots(rows: Sequence[dict[str, Any]], plot_dir: Path, title: str) -> li
   ax.set(xlabel="wall time (s)", ylabel="test accuracy", title=title)
   ax.grid(alpha=0.3)
   ax.legend()
-  paths = [plot_dir / "accuracy_vs_time.png"]
-  fig.savefig(paths[0], dpi=120, bbox_inches="tight")
-  plt.close(fig)
+  paths = [analysis.save_figure(fig, plot_dir / "accuracy_vs_time.png")]
 
   fig, ax = plt.subplots(figsize=(6, 4))
   width = 0.8 / max(len(rows), 1)
@@ -202,9 +198,7 @@ def save_plots(rows: Sequence[dict[str, Any]], plot_dir: Path, title: str) -> li
     ax.bar(x, r["iterations"], width=width, label=r["algorithm"])
   ax.set(xlabel="worker", ylabel="iterations", title=title)
   ax.legend()
-  paths.append(plot_dir / "iterations.png")
-  fig.savefig(paths[1], dpi=120, bbox_inches="tight")
-  plt.close(fig)
+  paths.append(analysis.save_figure(fig, plot_dir / "iterations.png"))
   return paths
 
 

@@ -92,10 +92,24 @@ def test_two_nodes_give_the_single_node_result_with_the_deterministic_schedule(
     np.testing.assert_array_equal(multi, single)
 
 
+def _kill_cluster(driver: subprocess.Popen, temp_dir: Path) -> None:
+  """SIGKILLs every process of the driver's Ray cluster, the driver excepted. A raylet may be
+  forking a worker at that moment (the child is orphaned, outside the driver's tree), so this
+  repeats until none of the session's processes is left."""
+  before = _WORKERS_BEFORE[str(temp_dir)]
+  for _ in range(20):
+    victims = helpers.ray_processes_of(driver.pid) + helpers.processes_since(str(temp_dir), before)
+    victims = [p for p in victims if p.pid != driver.pid]
+    if not victims:
+      return
+    helpers.kill_all(victims)
+    time.sleep(0.5)
+
+
 def test_driver_that_loses_its_cluster_gets_a_clear_error(ray_dir: Path) -> None:
   proc = _start_training(ray_dir)
   try:
-    helpers.kill_all(helpers.ray_processes_of(proc.pid))  # the whole cluster dies
+    _kill_cluster(proc, ray_dir)
     _, err = proc.communicate(timeout=90)
   finally:
     if proc.poll() is None:
