@@ -43,6 +43,24 @@ def _deterministic(**placement: object) -> tuple[dict, list[str], list[str]]:
   return result.final_params, shard_nodes, worker_nodes
 
 
+def _two_nodes(cluster_cls: type, attempts: int = 3) -> tuple:
+  """A head node holding the PS resource and a second node holding the workers'. Ray waits a
+  fixed 30 s for a raylet to register, which a busy 2-core machine can miss: only that start-up
+  time-out is retried, with a fresh cluster."""
+  for attempt in range(attempts):
+    cluster = cluster_cls()
+    try:
+      head = cluster.add_node(num_cpus=1, resources={"aladdin_ps": 10}, include_dashboard=False)
+      other = cluster.add_node(num_cpus=1, resources={"aladdin_workers": 10})
+      return cluster, head, other
+    except Exception as error:
+      cluster.shutdown()
+      if "timed out during startup" not in str(error) or attempt == attempts - 1:
+        raise
+      print(f"node start-up timed out (attempt {attempt + 1}); retrying", file=sys.stderr)
+  raise AssertionError("unreachable")
+
+
 def multinode(out: str) -> None:
   from ray.cluster_utils import Cluster
 
@@ -50,10 +68,8 @@ def multinode(out: str) -> None:
   single, _, _ = _deterministic()
   ray.shutdown()
 
-  cluster = Cluster()
+  cluster, head, other = _two_nodes(Cluster)
   try:
-    head = cluster.add_node(num_cpus=1, resources={"aladdin_ps": 10}, include_dashboard=False)
-    other = cluster.add_node(num_cpus=1, resources={"aladdin_workers": 10})
     ad.connect(address=cluster.address)
     multi, shard_nodes, worker_nodes = _deterministic(
       server_resources={"aladdin_ps": 1}, worker_resources={"aladdin_workers": 1}

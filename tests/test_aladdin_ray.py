@@ -26,7 +26,7 @@ import jax  # noqa: E402
 
 from optax_lena.aladdin import distributed as ad  # noqa: E402
 
-pytestmark = [pytest.mark.xdist_group("aladdin_ray")]
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
 
 TEST_SECONDS = 120  # alarm per test: a hung Ray call fails the test instead of the CI job
 

@@ -21,7 +21,7 @@ pytest.importorskip("ray")
 
 import aladdin_ray_helpers as helpers
 
-pytestmark = [pytest.mark.xdist_group("aladdin_ray")]
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
 
 DRIVER = Path(__file__).resolve().parent / "aladdin_ray_driver.py"
 ROOT = DRIVER.parent.parent
