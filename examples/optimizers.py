@@ -87,7 +87,7 @@ class Hyperparams:
 
     return schedule
 
-  def warmup_kwargs(self) -> dict[str, float]:
+  def warmup_kwargs(self) -> dict[str, Any]:
     """``warmup_threshold=`` (state-aware) or ``warmup_steps=`` (fixed) for ``optax_lena``."""
     if self.warmup == "state_aware":
       return {"warmup_threshold": self.warmup_alpha * self.base_steps_total}

@@ -334,3 +334,27 @@ def test_state_is_arrays_and_unknown_rule_raises() -> None:
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(state))
   with pytest.raises(ValueError, match="relative_to_max"):
     ol.layerwise_warmup(10.0, progress="max")
+
+
+@pytest.mark.parametrize("progress", ["relative_to_max", "relative_to_mean"])
+def test_lena_alias_takes_the_warmup_progress(problem, progress: str) -> None:
+  """``ol.lena(..., warmup_progress=)`` is LENA's chain with ``layerwise_warmup(progress=)``."""
+  params, grads = problem
+  alias = ol.lena(
+    LR0,
+    momentum=MOMENTUM,
+    weight_decay=WEIGHT_DECAY,
+    warmup_threshold=THETA,
+    eps=EPS,
+    warmup_progress=progress,
+  )
+  by_hand = library_tx("lena", progress)
+  for (pa, da), (pb, db) in zip(
+    run_library(alias, params, grads), run_library(by_hand, params, grads), strict=True
+  ):
+    for key in ("gain_ratio", "warmup_progress", "warmup_factor", "warmup_end_step"):
+      np.testing.assert_array_equal(da[key], db[key])
+    for a, b in zip(pa, pb, strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="progress"):
+    ol.lena(LR0, warmup_threshold=THETA, warmup_progress="linear")

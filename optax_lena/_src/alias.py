@@ -29,6 +29,7 @@ def large_batch_sgd(
   warmup_threshold: float | None = None,
   warmup_steps: float = 0,
   clock: str = "updates",
+  warmup_progress: str = "ratio",
 ) -> optax.GradientTransformationExtraArgs:
   """Momentum SGD whose per-layer rate is scaled by ``rule`` and warmed up.
 
@@ -41,6 +42,8 @@ def large_batch_sgd(
     warmup_threshold: theta of the state-aware warm-up, or None.
     warmup_steps: W of the fixed warm-up in base steps, or 0.
     clock: ``"updates"`` or ``"samples"`` for the schedule.
+    warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
+      :func:`layerwise_warmup`; ``"ratio"`` is the paper's rule).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -60,7 +63,7 @@ def large_batch_sgd(
     blocks.append(_momentum(momentum, nesterov))
   blocks.append(gain_ratio.scale_by_gain_ratio(rule))
   if warmup_threshold is not None:
-    blocks.append(warmup.layerwise_warmup(warmup_threshold, rule=rule))
+    blocks.append(warmup.layerwise_warmup(warmup_threshold, rule=rule, progress=warmup_progress))
   elif not _is_zero(warmup_steps):
     blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples))
   blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock))
@@ -113,6 +116,7 @@ def lena(
   nesterov: bool = False,
   clock: str = "updates",
   num_samples: int | None = None,
+  warmup_progress: str = "ratio",
 ) -> optax.GradientTransformationExtraArgs:
   """LENA: layer-wise gain ratios with the layer-wise state-aware warm-up (docs/LENA.md 1-6).
 
@@ -139,6 +143,9 @@ def lena(
       change of S between updates is accepted (the clip and the default beta follow the new
       S); the state's last S is traced under ``jit`` and cannot be compared at trace time, so
       pass ``num_samples=S`` to make a change an error.
+    warmup_progress: how a layer's warm-up progress advances: ``"ratio"`` (the paper, the
+      default), or ``"relative_to_max"`` / ``"relative_to_mean"``, whose warm-up length does not
+      grow with S / r (see :func:`optax_lena.layerwise_warmup`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,
@@ -158,6 +165,7 @@ def lena(
     warmup_threshold=warmup_threshold,
     warmup_steps=warmup_steps,
     clock=clock,
+    warmup_progress=warmup_progress,
   )
 
 
