@@ -8,6 +8,7 @@ and is imported only by the plotting functions.
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -106,6 +107,52 @@ def plot_accuracy(
   ax.set(xscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
+  return fig
+
+
+def plot_accuracy_vs_scale(
+  series: Mapping[str, Sequence[tuple[int, Sequence[float]]]],
+  baseline: tuple[float, str] | None,
+  *,
+  num_epochs: int,
+  title: str,
+  legend_size: int = 8,
+) -> Any:
+  """Final accuracy against the global batch, mean ± std over seeds, one line per method.
+
+  Args:
+    series: label -> ``[(global batch, [final accuracy of each seed]), ...]``; points without
+      runs are skipped.
+    baseline: ``(accuracy, label)`` of a dashed horizontal line (the single worker), or None.
+    num_epochs: the epoch budget, for the y label.
+    title: figure title.
+    legend_size: legend font size.
+
+  Returns:
+    The figure (save it with :func:`save_figure`).
+  """
+  fig, ax = pyplot().subplots(figsize=(7, 4.5))
+  for name, points in series.items():
+    done = [(batch, accs) for batch, accs in points if accs]
+    if done:
+      ax.errorbar(
+        [batch for batch, _ in done],
+        [statistics.mean(accs) for _, accs in done],
+        yerr=[statistics.stdev(accs) if len(accs) > 1 else 0.0 for _, accs in done],
+        marker="o",
+        capsize=3,
+        label=name,
+      )
+  if baseline is not None:
+    ax.axhline(baseline[0], color="k", ls="--", label=baseline[1])
+  ax.set(
+    xscale="log",
+    xlabel="global batch",
+    ylabel=f"test accuracy @ {num_epochs} epochs",
+    title=title,
+  )
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=legend_size)
   return fig
 
 

@@ -601,7 +601,6 @@ def plot_all(
   sm: Summary, p: Preset, seeds: Sequence[int], scales: Sequence[int], out: Path
 ) -> list[Path]:
   """Accuracy vs iterations per scale, accuracy at budget vs scale, LENA's warm-up ends."""
-  plt = analysis.pyplot()
   paths = []
   base = sm.runs(seeds, optimizer="sgd", batch_scale=1, warmup="none")
   target = (TARGET_FRACTION * statistics.mean(r.final for r in base)) if base else None
@@ -621,33 +620,26 @@ def plot_all(
     )
     paths.append(analysis.save_figure(fig, out / f"accuracy_vs_iterations_s{s}.png", dpi=110))
 
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for opt, warm in PAPER_METHODS:
-    xs, ys, es = [], [], []
-    for s in scales:
-      runs = sm.runs(seeds, optimizer=opt, batch_scale=s, warmup=warm)
-      if runs:
-        accs = [r.final for r in runs]
-        xs.append(s * p.per_worker_batch)
-        ys.append(statistics.mean(accs))
-        es.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
-    if xs:
-      ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label_of(opt))
-  if base:
-    ax.axhline(
-      statistics.mean(r.final for r in base),
-      color="k",
-      ls="--",
-      label=f"SGD 1 worker (batch {p.per_worker_batch})",
-    )
-  ax.set(
-    xscale="log",
-    xlabel="global batch",
-    ylabel=f"test accuracy @ {p.num_epochs} epochs",
+  series = {
+    label_of(opt): [
+      (
+        s * p.per_worker_batch,
+        [r.final for r in sm.runs(seeds, optimizer=opt, batch_scale=s, warmup=warm)],
+      )
+      for s in scales
+    ]
+    for opt, warm in PAPER_METHODS
+  }
+  fig = analysis.plot_accuracy_vs_scale(
+    series,
+    (
+      (statistics.mean(r.final for r in base), f"SGD 1 worker (batch {p.per_worker_batch})")
+      if base
+      else None
+    ),
+    num_epochs=p.num_epochs,
     title="Accuracy at the epoch budget vs batch size (mean ± std over seeds)",
   )
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
   paths.append(analysis.save_figure(fig, out / "accuracy_vs_scale.png", dpi=110))
 
   # LENA's per-layer warm-up end (paper Fig. 7), seed 0 of each Table-1 scale, as a fraction

@@ -892,27 +892,23 @@ def plot_all(sm: Summary, seeds: Sequence[int], scales: Sequence[int], out: Path
     ax.legend(fontsize=7)
     paths.append(analysis.save_figure(fig, out / f"accuracy_vs_iterations_s{s}.png", dpi=110))
 
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for o, w in TABLE1:
-    xs, ys, es = [], [], []
-    for s in scales:
-      accs = [r.final for r in sm.runs(seeds, optimizer=o, batch_scale=s, warmup=w)]
-      if accs:
-        xs.append(s * p.per_worker_batch)
-        ys.append(statistics.mean(accs))
-        es.append(statistics.stdev(accs) if len(accs) > 1 else 0.0)
-    if xs:
-      ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{label(o)} ({w})")
-  if base:
-    ax.axhline(statistics.mean(r.final for r in base), color="k", ls="--", label="SGD 1 worker")
-  ax.set(
-    xscale="log",
-    xlabel="global batch",
-    ylabel=f"test accuracy @ {p.num_epochs} epochs",
+  series = {
+    f"{label(o)} ({w})": [
+      (
+        s * p.per_worker_batch,
+        [r.final for r in sm.runs(seeds, optimizer=o, batch_scale=s, warmup=w)],
+      )
+      for s in scales
+    ]
+    for o, w in TABLE1
+  }
+  fig = analysis.plot_accuracy_vs_scale(
+    series,
+    (statistics.mean(r.final for r in base), "SGD 1 worker") if base else None,
+    num_epochs=p.num_epochs,
     title="Accuracy at the budget vs batch (mean ± std over seeds)",
+    legend_size=7,
   )
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
   paths.append(analysis.save_figure(fig, out / "accuracy_vs_scale.png", dpi=110))
 
   # Figs. 3-4: per-layer ratios over the run (LENA without warm-up, seed 0).
