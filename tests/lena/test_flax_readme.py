@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("flax")
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def block(*needles: str) -> str:

@@ -1,6 +1,6 @@
 """Reliability: non-finite steps, composition with Optax wrappers, precision, scale, purity.
 
-Complements test_transforms.py (exact reductions and properties) and test_errors.py (misuse).
+Complements test_transforms.py (exact reductions and properties) and test_misuse.py (misuse).
 """
 
 import dataclasses

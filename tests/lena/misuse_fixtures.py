@@ -1,4 +1,4 @@
-"""Parameters and statistics shared by the misuse tests (test_errors.py, test_misuse.py)."""
+"""Parameters and statistics shared by the misuse tests (test_misuse.py)."""
 
 import jax
 import jax.numpy as jnp

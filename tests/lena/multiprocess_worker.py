@@ -1,4 +1,4 @@
-"""Child program for ``tests/test_multiprocess.py``.
+"""Child program for ``tests/lena/test_multiprocess.py``.
 
 One of ``--num-processes`` JAX processes on the CPU, joined with ``jax.distributed.initialize``
 (gloo cross-process collectives). Every process owns 2 simulated CPU devices, which the parent
@@ -16,8 +16,8 @@ fetches the (replicated) results, checks that all local shards of every result a
 them to ``<out_dir>/process_<id>.npz``. The parent compares the files with each other and with a
 single-process reference built from the same :func:`make_worker_grads` / :func:`make_params`.
 
-Run as a script (``python tests/multiprocess_worker.py --help``); the parent imports it only for
-the data generators and constants, which must not import jax at module level.
+Run as a script (``python tests/lena/multiprocess_worker.py --help``); the parent imports it
+only for the data generators and constants, which must not import jax at module level.
 """
 
 from __future__ import annotations

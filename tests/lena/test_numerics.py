@@ -1,4 +1,4 @@
-"""The float32 library against the independent float64 reference of LENA.md (tests/reference.py).
+"""The float32 library against the independent float64 reference of LENA.md (reference.py).
 
 Every test feeds the SAME float32 per-worker gradients to both sides (the reference gets them as
 float64), runs a whole trajectory on each side independently and compares, at every update, the
@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from reference import ReferenceOptimizer, StepRecord
 
 import optax_lena as ol
+from tests.lena.reference import ReferenceOptimizer, StepRecord
 
 PyTree = Any
 

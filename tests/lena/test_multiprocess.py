@@ -1,6 +1,6 @@
 """Multi-process data parallelism on the CPU: 2 JAX processes x 2 simulated devices = 4 workers.
 
-The children (``tests/multiprocess_worker.py``) join with ``jax.distributed.initialize`` over a
+The children (``tests/lena/multiprocess_worker.py``) join with ``jax.distributed.initialize`` over a
 free localhost port, use gloo cross-process collectives and compute, under
 ``jax.jit(jax.shard_map(...))`` over a global mesh, ``ol.all_reduce_grad_stats`` and one
 ``ol.lena`` update. Their results must equal a single-process reference on the same 4 per-worker
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_PATH = Path(__file__).resolve().with_name("multiprocess_worker.py")
 NUM_PROCESSES = 2
 DEVICES_PER_PROCESS = 2

@@ -4,7 +4,7 @@ import importlib.resources
 import pathlib
 import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_py_typed_is_shipped_and_mypy_is_configured():
