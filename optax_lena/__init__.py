@@ -13,7 +13,7 @@ from optax_lena._src.gain_ratio import (
   GainRatioState,
   adascale_rule,
   lena_rule,
-  linear_rule,
+  linear_scaling_rule,
   scale_by_adascale,
   scale_by_gain_ratio,
   scale_by_lena,
@@ -37,6 +37,19 @@ from optax_lena._src.warmup import (
 
 __version__ = "0.1.0"
 
+# Public names that were renamed: the old spelling raises an error naming the new one.
+_RENAMED = {"linear_rule": "linear_scaling_rule"}
+
+
+def __getattr__(name: str):
+  if name in _RENAMED:
+    raise AttributeError(
+      f"optax_lena.{name} is now called optax_lena.{_RENAMED[name]} (one identifier for linear "
+      "scaling: 'linear_scaling')."
+    )
+  raise AttributeError(f"module 'optax_lena' has no attribute {name!r}")
+
+
 __all__ = [
   "FixedWarmupState",
   "GainRatioRule",
@@ -57,8 +70,8 @@ __all__ = [
   "layerwise_warmup",
   "lena",
   "lena_rule",
-  "linear_rule",
   "linear_scaling",
+  "linear_scaling_rule",
   "noise_scale",
   "per_layer_tree",
   "scale_by_adascale",

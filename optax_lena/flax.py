@@ -1,8 +1,8 @@
 """Flax integration: a linen ``TrainState`` that passes the statistics on, and per-worker
 gradients with statistics for Flax NNX and linen models (BatchNorm and Dropout included).
 
-This is the only module of ``optax_lena`` that imports flax (``pip install flax``, 0.12 or
-later); ``import optax_lena`` does not import it.
+This is the only module of ``optax_lena`` that imports flax (``pip install
+'optax_lena[flax]'``, flax 0.12 or later); ``import optax_lena`` does not import it.
 
 * :class:`TrainState`: a drop-in for ``flax.training.train_state.TrainState`` whose
   ``apply_gradients(grads=grads, grad_stats=stats)`` hands the statistics to
@@ -30,8 +30,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
-from flax.training import train_state
+
+try:
+  from flax import nnx
+  from flax.training import train_state
+except ImportError as err:  # name the extra instead of a bare "No module named 'flax'"
+  raise ImportError(
+    "optax_lena.flax needs flax (0.12 or later), an optional dependency of optax_lena: install "
+    "it with pip install 'optax_lena[flax]'."
+  ) from err
 
 from optax_lena._src import stats as stats_lib
 

@@ -10,6 +10,7 @@ steps), which gives the paper's 3x3 ablation (Table 2).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,6 +18,10 @@ import optax
 
 from optax_lena._src import checks, gain_ratio, nonfinite, schedule, warmup
 from optax_lena._src import grouping as grouping_lib
+
+PyTree = Any
+# None (every leaf), a pytree of bools shaped like the parameters, or params -> such a pytree.
+WeightDecayMask = PyTree | Callable[[PyTree], PyTree] | None
 
 
 def large_batch_sgd(
@@ -26,6 +31,7 @@ def large_batch_sgd(
   momentum: float | None = 0.9,
   nesterov: bool = False,
   weight_decay: float = 0.0,
+  weight_decay_mask: WeightDecayMask = None,
   warmup_threshold: float | None = None,
   warmup_steps: float = 0,
   clock: str = "updates",
@@ -39,6 +45,9 @@ def large_batch_sgd(
     momentum: mu (None or 0 for none).
     nesterov: Nesterov momentum.
     weight_decay: lambda, coupled (added to the gradient before momentum, as in PyTorch).
+    weight_decay_mask: which leaves get weight decay: None (all), a pytree of bools shaped like
+      the parameters (True: decayed) or a callable ``params -> such a pytree``, as
+      ``optax.adamw(mask=)``; e.g. exclude biases and normalisation scales.
     warmup_threshold: theta of the state-aware warm-up, or None.
     warmup_steps: W of the fixed warm-up in base steps, or 0.
     clock: ``"updates"`` or ``"samples"`` for the schedule.
@@ -58,7 +67,7 @@ def large_batch_sgd(
     )
   blocks: list[optax.GradientTransformation] = []
   if not _is_zero(weight_decay):
-    blocks.append(optax.add_decayed_weights(weight_decay))
+    blocks.append(decayed_weights(weight_decay, weight_decay_mask))
   if momentum is not None and not _is_zero(momentum):
     blocks.append(_momentum(momentum, nesterov))
   blocks.append(gain_ratio.scale_by_gain_ratio(rule))
@@ -68,6 +77,30 @@ def large_batch_sgd(
     blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples))
   blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock))
   return nonfinite.skip_nonfinite_steps(optax.chain(*blocks))
+
+
+def decayed_weights(
+  weight_decay: float, mask: WeightDecayMask = None
+) -> optax.GradientTransformation:
+  """``optax.add_decayed_weights(weight_decay, mask)`` whose mask is checked against the
+  parameters at ``init`` (optax would fail later, inside the update, without naming the fix)."""
+  base = optax.add_decayed_weights(weight_decay, mask)
+  if mask is None:
+    return base
+
+  def init_fn(params):
+    labels = mask(params) if callable(mask) else mask
+    labels_def: Any = jax.tree.structure(labels)
+    if labels_def != jax.tree.structure(params):
+      raise ValueError(
+        "weight_decay_mask must have the structure of the parameters (one bool per leaf, True "
+        f"for the leaves that get weight decay), got {jax.tree.structure(labels)} for "
+        f"parameters {jax.tree.structure(params)}. Build it from the parameters, e.g. "
+        "weight_decay_mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)."
+      )
+    return base.init(params)
+
+  return optax.GradientTransformation(init_fn, base.update)
 
 
 def _momentum(decay: float, nesterov: bool) -> optax.GradientTransformation:
@@ -108,6 +141,7 @@ def lena(
   *,
   momentum: float | None = 0.9,
   weight_decay: float = 0.0,
+  weight_decay_mask: WeightDecayMask = None,
   warmup_threshold: float | None = None,
   eps: float = 1e-6,
   beta: float | None = None,
@@ -130,6 +164,8 @@ def lena(
     learning_rate: eta0, the rate of one worker at the per-worker batch size (float or schedule).
     momentum: mu.
     weight_decay: lambda, coupled and therefore scaled by the layer's rate.
+    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
+      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
     warmup_threshold: theta in single-worker iterations (``alpha * T1``); None disables it.
     eps: stabiliser of the ratio (1e-6); 0 makes the ratio exactly scale invariant.
     beta: moving-average weight of new statistics; None means ``min(S / 1000, 1)``.
@@ -162,6 +198,7 @@ def lena(
     momentum=momentum,
     nesterov=nesterov,
     weight_decay=weight_decay,
+    weight_decay_mask=weight_decay_mask,
     warmup_threshold=warmup_threshold,
     warmup_steps=warmup_steps,
     clock=clock,
@@ -174,6 +211,7 @@ def adascale(
   *,
   momentum: float | None = 0.9,
   weight_decay: float = 0.0,
+  weight_decay_mask: WeightDecayMask = None,
   warmup_threshold: float | None = None,
   eps: float = 1e-6,
   beta: float | None = None,
@@ -181,6 +219,7 @@ def adascale(
   nesterov: bool = False,
   clock: str = "updates",
   num_samples: int | None = None,
+  warmup_progress: str = "ratio",
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale SGD: one gain ratio for the whole model (the paper's AS baseline).
 
@@ -188,6 +227,8 @@ def adascale(
     learning_rate: eta0 (float or schedule).
     momentum: mu.
     weight_decay: lambda (coupled).
+    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
+      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
     warmup_threshold: state-aware warm-up advancing by the global ratio R, or None (the
       paper's AdaScale default).
     eps: stabiliser of the ratio.
@@ -196,6 +237,9 @@ def adascale(
     nesterov: Nesterov momentum.
     clock: ``"updates"`` or ``"samples"``.
     num_samples: expected S, or None.
+    warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
+      :func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the
+      fixed warm-up of ``warmup_threshold`` base steps.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -211,9 +255,11 @@ def adascale(
     momentum=momentum,
     nesterov=nesterov,
     weight_decay=weight_decay,
+    weight_decay_mask=weight_decay_mask,
     warmup_threshold=warmup_threshold,
     warmup_steps=warmup_steps,
     clock=clock,
+    warmup_progress=warmup_progress,
   )
 
 
@@ -222,11 +268,13 @@ def linear_scaling(
   *,
   momentum: float | None = 0.9,
   weight_decay: float = 0.0,
+  weight_decay_mask: WeightDecayMask = None,
   warmup_steps: float = 0,
   warmup_threshold: float | None = None,
   nesterov: bool = False,
   clock: str = "updates",
   num_samples: int | None = None,
+  warmup_progress: str = "ratio",
 ) -> optax.GradientTransformationExtraArgs:
   """Linear scaling with warm-up (LSW): every layer's rate is S * eta0.
 
@@ -234,11 +282,16 @@ def linear_scaling(
     learning_rate: eta0 (float or schedule).
     momentum: mu.
     weight_decay: lambda (coupled).
+    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
+      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
     warmup_steps: W of the fixed linear warm-up in base steps (the paper: 5.5% of training).
     warmup_threshold: a state-aware warm-up instead (progress advances by S each update).
     nesterov: Nesterov momentum.
     clock: ``"updates"`` or ``"samples"``.
     num_samples: expected S, or None.
+    warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
+      :func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the
+      fixed warm-up of ``warmup_threshold`` base steps.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -246,14 +299,16 @@ def linear_scaling(
   References:
     Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
   """
-  rule = gain_ratio.linear_rule(num_samples=num_samples)
+  rule = gain_ratio.linear_scaling_rule(num_samples=num_samples)
   return large_batch_sgd(
     learning_rate,
     rule,
     momentum=momentum,
     nesterov=nesterov,
     weight_decay=weight_decay,
+    weight_decay_mask=weight_decay_mask,
     warmup_threshold=warmup_threshold,
     warmup_steps=warmup_steps,
     clock=clock,
+    warmup_progress=warmup_progress,
   )

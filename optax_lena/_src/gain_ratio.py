@@ -76,18 +76,38 @@ class GainRatioRule:
 
 
 def lena_rule(**kwargs: Any) -> GainRatioRule:
+  """LENA's rule: one ratio per leaf (or per group of ``grouping=``); keywords as the class."""
   return GainRatioRule(adaptive=True, **kwargs)
 
 
 def adascale_rule(**kwargs: Any) -> GainRatioRule:
+  """AdaScale's rule: one ratio for the whole model; keywords as :class:`GainRatioRule`."""
   return GainRatioRule(adaptive=True, grouping="global", **kwargs)
 
 
-def linear_rule(**kwargs: Any) -> GainRatioRule:
+def linear_scaling_rule(**kwargs: Any) -> GainRatioRule:
+  """Linear scaling's rule: ratio S for every leaf; keywords as :class:`GainRatioRule`."""
   return GainRatioRule(adaptive=False, grouping="global", **kwargs)
 
 
-RULES = {"lena": lena_rule, "adascale": adascale_rule, "linear": linear_rule}
+# The one identifier of each rule (rule names, the "rule=" strings, the examples' registry keys).
+RULES = {"lena": lena_rule, "adascale": adascale_rule, "linear_scaling": linear_scaling_rule}
+# Labels for tables and plots only; never accepted as rule names.
+RULE_LABELS = {"lena": "LENA", "adascale": "AdaScale", "linear_scaling": "LSW"}
+# Spellings used before one identifier was chosen: an error names the current one.
+RENAMED_RULES = {"linear": "linear_scaling", "lsw": "linear_scaling", "LSW": "linear_scaling"}
+
+
+def check_rule_name(rule: str) -> None:
+  """Raises for an unknown rule name; an old spelling gets the current one in the message."""
+  if rule in RULES:
+    return
+  if rule in RENAMED_RULES:
+    raise ValueError(
+      f"The gain-ratio rule {rule!r} is now called {RENAMED_RULES[rule]!r}: pass "
+      f"rule={RENAMED_RULES[rule]!r} ({rule!r} is only a display label, if anything)."
+    )
+  raise ValueError(f"Unknown gain-ratio rule {rule!r}: use one of {sorted(RULES)}.")
 
 
 def rule_from_name(
@@ -105,8 +125,7 @@ def rule_from_name(
         "Pass the hyper-parameters either inside the GainRatioRule or as keywords, not both."
       )
     return rule
-  if rule not in RULES:
-    raise ValueError(f"Unknown gain-ratio rule {rule!r}: use one of {sorted(RULES)}.")
+  check_rule_name(rule)
   if grouping is not None and rule != "lena":
     raise ValueError(
       f"grouping applies to the layer-wise rule 'lena' only; rule {rule!r} uses one ratio "
@@ -318,4 +337,4 @@ def scale_by_linear_scaling(
   References:
     Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
   """
-  return scale_by_gain_ratio(linear_rule(num_samples=num_samples))
+  return scale_by_gain_ratio(linear_scaling_rule(num_samples=num_samples))

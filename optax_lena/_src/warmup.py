@@ -93,8 +93,8 @@ def layerwise_warmup(
   Args:
     warmup_threshold: theta, in single-worker iterations (``alpha * T1``; the paper's alpha is
       5% of the single-worker run's iterations).
-    rule: ``"lena"``, ``"adascale"``, ``"linear"`` or a :class:`GainRatioRule`; must match the
-      scaling rule it is chained with.
+    rule: ``"lena"``, ``"adascale"``, ``"linear_scaling"`` or a :class:`GainRatioRule`; must
+      match the scaling rule it is chained with.
     progress: how ``P_k`` advances: ``"ratio"`` (the paper), ``"relative_to_max"`` or
       ``"relative_to_mean"`` (see above). ``theta`` keeps its unit (single-worker iterations).
     beta: moving-average weight of the rule; ``None`` means ``min(S / 1000, 1)``.

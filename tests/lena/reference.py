@@ -13,8 +13,8 @@ Conventions (from docs/LENA.md and the test brief):
   warm-up progress) are per group, built from the sums of the member layers' ``top`` / ``bot``.
 * Global AdaScale ratio ``R = clip((sum_k A_k + eps) / (sum_k D_k + eps), 1, S)``, always
   computed.
-* Scaling rules: ``'linear'`` (ratio S), ``'adascale'`` (ratio R), ``'lena'`` (ratio r per layer
-  or group).
+* Scaling rules: ``'linear_scaling'`` (ratio S), ``'adascale'`` (ratio R), ``'lena'`` (ratio r
+  per layer or group).
 * Warm-ups: ``'none'``; ``'fixed'`` (factor ``min(t * S / W, 1)``, W in base steps);
   ``'state_aware'`` (``P += ratio`` first, then factor ``P / theta`` if ``P <= theta`` else 1).
   The warm-up end step of a layer (state-aware warm-up only, LENA.md step 5) is the 1-based index
@@ -24,7 +24,7 @@ Conventions (from docs/LENA.md and the test brief):
   multiplier on ``lr0`` evaluated at ``t - 1`` (clock ``'updates'``, the Optax count convention)
   or at ``(t - 1) * S`` (clock ``'samples'``, base steps seen before this update).
 * Update (PyTorch momentum SGD, coupled weight decay): ``d = gbar + wd * w``, ``m = mu * m + d``,
-  ``w = w - eta_k * m``.
+  ``w = w - eta_k * m``; a layer excluded by ``decay_mask`` has ``d = gbar``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RULES = ("linear", "adascale", "lena")
+RULES = ("linear_scaling", "adascale", "lena")
 WARMUPS = ("none", "fixed", "state_aware")
 CLOCKS = ("updates", "samples")
 
@@ -64,7 +64,7 @@ class ReferenceOptimizer:
   """Float64 reference of the ablation grid {linear, adascale, lena} x {none, fixed, state_aware}.
 
   Args:
-    rule: ``'linear'``, ``'adascale'`` or ``'lena'``.
+    rule: ``'linear_scaling'``, ``'adascale'`` or ``'lena'``.
     warmup: ``'none'``, ``'fixed'`` or ``'state_aware'``.
     lr0: base learning rate eta0.
     momentum: mu.
@@ -77,6 +77,8 @@ class ReferenceOptimizer:
       ``None`` means one group per layer.
     schedule: multiplier on ``lr0`` as a function of the clock; ``None`` means constant 1.
     clock: ``'updates'`` (schedule(t - 1)) or ``'samples'`` (schedule((t - 1) * S)).
+    decay_mask: one bool per layer, False for the layers that get no weight decay; ``None``
+      means every layer is decayed.
   """
 
   def __init__(
@@ -93,6 +95,7 @@ class ReferenceOptimizer:
     groups: Sequence[Hashable] | None = None,
     schedule: Callable[[float], float] | None = None,
     clock: str = "updates",
+    decay_mask: Sequence[bool] | None = None,
   ) -> None:
     if rule not in RULES:
       raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
@@ -116,6 +119,7 @@ class ReferenceOptimizer:
     self.groups = None if groups is None else list(groups)
     self.schedule = schedule
     self.clock = clock
+    self.decay_mask = None if decay_mask is None else [bool(x) for x in decay_mask]
     # State, created at the first step once the number of layers is known.
     self.t = 0
     self.history: list[StepRecord] = []
@@ -184,7 +188,7 @@ class ReferenceOptimizer:
       r_g = np.clip((self._a_ema + self.eps) / (self._d_ema + self.eps), 1.0, S)
       total = (self._a_ema.sum() + self.eps) / (self._d_ema.sum() + self.eps)
       R = float(np.clip(total, 1.0, S))
-    if self.rule == "linear":
+    if self.rule == "linear_scaling":
       ratio_g = np.full(self._num_groups, float(S))
     elif self.rule == "adascale":
       ratio_g = np.full(self._num_groups, R)
@@ -219,8 +223,11 @@ class ReferenceOptimizer:
 
     # Step 6: momentum SGD with coupled weight decay; the layer rate multiplies the buffer.
     new_params = []
+    if self.decay_mask is not None and len(self.decay_mask) != len(params):
+      raise ValueError(f"decay_mask has {len(self.decay_mask)} entries for {len(params)} layers")
     for k, (w, gb) in enumerate(zip(params, gbar, strict=True)):
-      d = gb + self.weight_decay * w
+      decayed = self.decay_mask is None or self.decay_mask[k]
+      d = gb + self.weight_decay * w if decayed else gb
       self._m[k] = self.momentum * self._m[k] + d
       new_params.append(w - lr * mult[k] * self._m[k])
 

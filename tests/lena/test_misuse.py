@@ -106,6 +106,26 @@ def test_unknown_names():
     ol.layerwise_warmup(5.0, rule="adascale", grouping="module")
 
 
+@pytest.mark.parametrize("old", ["linear", "lsw", "LSW"])
+def test_old_spellings_of_linear_scaling_name_the_new_one(old):
+  with pytest.raises(ValueError, match=rf"{old!r} is now called 'linear_scaling'"):
+    ol.layerwise_warmup(5.0, rule=old)
+  with pytest.raises(AttributeError, match=r"now called optax_lena\.linear_scaling_rule"):
+    ol.linear_rule  # noqa: B018
+  with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+    ol.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("alias", [ol.lena, ol.adascale, ol.linear_scaling])
+def test_weight_decay_mask_of_another_structure(alias):
+  tx = alias(0.1, weight_decay=1e-4, weight_decay_mask={"w": True})
+  with pytest.raises(ValueError, match=r"weight_decay_mask must have the structure.*lambda p"):
+    tx.init(PARAMS)
+  tx = alias(0.1, weight_decay=1e-4, weight_decay_mask=lambda p: [True])
+  with pytest.raises(ValueError, match="weight_decay_mask must have the structure"):
+    tx.init(PARAMS)
+
+
 @pytest.mark.parametrize(
   "kwargs, match",
   [

@@ -164,7 +164,7 @@ def test_ratio_with_zero_eps_is_invariant_at_extreme_scales(scale):
   seed=st.integers(0, 2**16),
   theta=st.floats(1.0, 200.0),
   s=st.integers(1, 64),
-  rule=st.sampled_from(["lena", "adascale", "linear"]),
+  rule=st.sampled_from(["lena", "adascale", "linear_scaling"]),
 )
 def test_warmup_progress_never_decreases(seed, theta, s, rule):
   rng = np.random.RandomState(seed)
