@@ -3,7 +3,7 @@
 A thin entry point; ``--quick`` runs the seconds-long smoke version.
 """
 
-from examples.lena.demo import main
+from examples.lena.demo import cli
 
 if __name__ == "__main__":
-  main()
+  cli()

@@ -306,8 +306,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-if __name__ == "__main__":
-  args = _parse(None)
+def cli(argv: Sequence[str] | None = None) -> None:
+  """Command-line entry point (``python -m examples.demo``)."""
+  args = _parse(argv)
   main(
     quick=args.quick, workdir=args.workdir, cache_dir=args.cache_dir, batch_scale=args.batch_scale
   )
+
+
+if __name__ == "__main__":
+  cli()
