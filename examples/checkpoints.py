@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orbax.checkpoint as ocp
 
-from examples.configs import Config, ConfigError
+from examples.lena.configs import Config, ConfigError
 
 
 def manager(workdir: Path, config: Config) -> ocp.CheckpointManager | None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 
 if TYPE_CHECKING:  # configs imports nothing of ours; only the type is needed here
-  from examples.configs import Config
+  from examples.lena.configs import Config
 
 Batch = dict[str, np.ndarray]
 DATASETS = ("mnist1d", "cifar10", "cifar100")
@@ -432,7 +432,7 @@ class Mnist1dData:
     split = {"test": "test", "validation": "val"}[config.eval_split]
     self.x_eval, self.y_eval = d[f"x_{split}"], d[f"y_{split}"]
     if not len(self.y_eval):
-      from examples.configs import ConfigError
+      from examples.lena.configs import ConfigError
 
       raise ConfigError("eval_split='validation' on MNIST-1D needs num_validation > 0.")
     self.eval_batch, self.seed = eval_batch, config.seed

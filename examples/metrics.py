@@ -19,7 +19,7 @@ import optax
 
 import optax_lena as ol
 
-log = logging.getLogger("examples.train")
+log = logging.getLogger("examples.lena.train")
 # Per-layer diagnostics written as {layer: value} dicts.
 DIAGNOSTICS = ("lr_multiplier", "gain_ratio", "warmup_end_step")
 

@@ -16,7 +16,7 @@ Optax transformation. Every update is called with ``grad_stats=`` (the per-layer
 statistics): Optax's ``chain`` forwards extra keyword arguments only to the members that accept
 them, so plain optimizers ignore it. To use a registered optimizer from the command line, put
 the ``register`` call in a configuration file and pass ``--config my_config.py`` (see
-``examples/configs/user_optimizer.py``).
+``examples/lena/configs/user_optimizer.py``).
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def _lamb(hp: Hyperparams) -> optax.GradientTransformation:
 register(Optimizer(name="sgd", build=_sgd, label="SGD 1 worker"))
 register(
   Optimizer(
-    name="lsw",
+    name="linear_scaling",
     build=_large_batch(ol.linear_scaling),
     label="LSW",
     paper_warmup="fixed",

@@ -1,6 +1,6 @@
 """MNIST-1D with the small 1D CNN: the default, offline configuration (CPU friendly)."""
 
-from examples.configs import Config
+from examples.lena.configs import Config
 
 
 def get_config() -> Config:

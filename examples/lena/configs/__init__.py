@@ -1,4 +1,4 @@
-"""Training configurations for ``examples/train.py``.
+"""Training configurations for ``examples/lena/train.py``.
 
 ``ml_collections`` is not a dependency, so a configuration is a plain frozen dataclass,
 :class:`Config`. Each module of this package (``default``, ``cifar10_resnet18``, ``tiny_test``)
@@ -44,9 +44,10 @@ class Config:
   dtype: str = "float32"  # computation dtype: 'float32' or 'bfloat16' (parameters stay f32)
 
   # Optimizer.
-  optimizer: str = "lena"  # a name of examples/optimizers.py's registry (sgd, lsw, lena, ...)
+  optimizer: str = "lena"  # a name of the registry examples/optimizers.py (sgd, lena, ...)
   # 'none', 'fixed' (W base steps), 'state_aware' (theta) or 'default' = the paper's choice
-  # for the optimizer (its registry entry's paper_warmup: lsw fixed, lena state_aware, ...).
+  # for the optimizer (its registry entry's paper_warmup: linear_scaling fixed, lena
+  # state_aware, ...).
   warmup: str = "default"
   learning_rate: float = 0.1  # eta0, the rate of one worker at the per-worker batch
   momentum: float = 0.9
@@ -83,7 +84,7 @@ def get_config(name_or_path: str) -> Config:
   """Loads a configuration by module name (``'default'``) or path (``'my_config.py'``).
 
   Args:
-    name_or_path: a module of ``examples.configs`` or a path to a Python file; either must
+    name_or_path: a module of ``examples.lena.configs`` or a path to a Python file; either must
       define ``get_config() -> Config``.
 
   Returns:

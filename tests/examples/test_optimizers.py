@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 # `examples` is a top-level package of the repository, not part of the installed distribution.
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(_REPO_ROOT) not in sys.path:
   sys.path.insert(0, str(_REPO_ROOT))
 
@@ -19,9 +19,10 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import optax_lena as ol  # noqa: E402
-from examples import configs, metrics, optimizers, parallel, train  # noqa: E402
+from examples import metrics, optimizers  # noqa: E402
+from examples.lena import configs, parallel, train  # noqa: E402
 
-BUILTIN = ("sgd", "lsw", "adascale", "lena", "lars", "lamb")
+BUILTIN = ("sgd", "linear_scaling", "adascale", "lena", "lars", "lamb")
 
 
 def _params():
@@ -39,15 +40,21 @@ def test_builtin_entries() -> None:
   paper = {name: optimizers.get(name).paper_warmup for name in BUILTIN}
   assert paper == {
     "sgd": "none",
-    "lsw": "fixed",
+    "linear_scaling": "fixed",
     "adascale": "none",
     "lena": "state_aware",
     "lars": "none",
     "lamb": "none",
   }
-  assert [n for n in BUILTIN if optimizers.get(n).diagnostics] == ["lsw", "adascale", "lena"]
+  assert [n for n in BUILTIN if optimizers.get(n).diagnostics] == [
+    "linear_scaling",
+    "adascale",
+    "lena",
+  ]
   assert optimizers.get("lena").label == "LENA"
-  with pytest.raises(ValueError, match=r"Unknown optimizer 'nope'; valid optimizers: sgd, lsw"):
+  with pytest.raises(
+    ValueError, match=r"Unknown optimizer 'nope'; valid optimizers: sgd, linear_scaling"
+  ):
     optimizers.get("nope")
 
 
@@ -103,7 +110,9 @@ def test_schedules_and_warmups_are_the_papers() -> None:
   aware = dataclasses.replace(hp, warmup="state_aware")
   assert aware.warmup_kwargs() == {"warmup_threshold": 0.05 * 800}
   assert dataclasses.replace(hp, lr_decay=None, warmup="none").update_schedule() == 0.05
-  with pytest.raises(ValueError, match=r"warmup='state_aware'.*'lars'.*lsw, adascale, lena"):
+  with pytest.raises(
+    ValueError, match=r"warmup='state_aware'.*'lars'.*linear_scaling, adascale, lena"
+  ):
     optimizers.build("lars", aware)
 
 
@@ -116,7 +125,9 @@ def test_register_rejects_duplicates_and_bad_warmups() -> None:
 
 def test_user_registered_optimizer_runs_from_a_config_file(tmp_path: Path) -> None:
   """configs/user_optimizer.py registers 'lena_nesterov'; --config makes it runnable."""
-  config = configs.get_config(str(_REPO_ROOT / "examples" / "configs" / "user_optimizer.py"))
+  config = configs.get_config(
+    str(_REPO_ROOT / "examples" / "lena" / "configs" / "user_optimizer.py")
+  )
   assert config.optimizer == "lena_nesterov" and "lena_nesterov" in optimizers.names()
   tiny = configs.get_config("tiny_test")
   config = dataclasses.replace(

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-  python -m benchmarks.compile_profile [--leaves 1000]
+  python -m benchmarks.overhead.compile_profile [--leaves 1000] [--out DIR]
 
 Times ``jax.jit(f).lower(...).compile()`` of four versions of one per-leaf multiply
 ``u_k * c_k`` over ``--leaves`` leaves of shape (16,), and counts the kernels XLA builds and how
@@ -14,19 +14,23 @@ many of them are distinct. The four differ only in where the scalar ``c_k`` come
 * ``index_inputs``: ``dynamic_index(c, i_k)`` with every index its own int32 input buffer.
 
 XLA:CPU compiles each distinct fused computation once and reuses it for identical ones, so the
-distinct-kernel count, not the leaf count, is what costs: see benchmarks/RESULTS-overhead.md.
+distinct-kernel count, not the leaf count, is what costs: see benchmarks/overhead/RESULTS.md.
+With ``--out`` the numbers and the machine go to ``DIR/compile_profile.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.overhead import kernel_counts
+from benchmarks import harness
+from benchmarks.overhead.state_and_compile import kernel_counts
 
 VARIANTS = ("slice", "same_slice", "scalar_inputs", "index_inputs")
 
@@ -69,13 +73,27 @@ def profile(num_leaves: int, variants: Sequence[str] = VARIANTS) -> dict[str, di
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--leaves", type=int, default=1000)
+  parser.add_argument("--out", type=Path, help="directory for compile_profile.json")
   args = parser.parse_args(argv)
   print(
     f"compile time of {args.leaves} per-leaf multiplies u_k * c_k (jax {jax.__version__}, "
     f"{jax.devices()[0].platform})",
     flush=True,
   )
-  profile(args.leaves)
+  result = profile(args.leaves)
+  if args.out is not None:
+    command = "python -m benchmarks.overhead.compile_profile " + " ".join(
+      sys.argv[1:] if argv is None else argv
+    )
+    harness.write_json(
+      args.out / "compile_profile.json",
+      {
+        "command": command.strip(),
+        "leaves": args.leaves,
+        "machine": harness.machine_info(),
+        "variants": result,
+      },
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # `examples` is a top-level package of the repository, not part of the installed `optax_lena`
 # distribution; make it importable when pytest is started from anywhere.
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 if _REPO_ROOT not in sys.path:
   sys.path.insert(0, _REPO_ROOT)
 

@@ -1,6 +1,6 @@
 """A few updates of a small CNN on a small MNIST-1D draw: used by the tests."""
 
-from examples.configs import Config
+from examples.lena.configs import Config
 
 
 def get_config() -> Config:

@@ -19,7 +19,7 @@ pytest.importorskip("mnist1d")
 pytest.importorskip("flax")
 pytest.importorskip("matplotlib")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO_ROOT / "colab" / "lena_vs_adascale.ipynb"
 
 # Appended after the `parameters` cell, as papermill does.

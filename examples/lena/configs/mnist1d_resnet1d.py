@@ -6,7 +6,7 @@ images. Width 8 (61,778 parameters) keeps a run on a CPU core in minutes. Large 
 ``--set batch_scale=256 --set optimizer=lena``; see benchmarks/large_batch/RESULTS-v2.md.
 """
 
-from examples.configs import Config
+from examples.lena.configs import Config
 
 
 def get_config() -> Config:

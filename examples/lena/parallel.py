@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import optax_lena as ol
-from examples.configs import Config, ConfigError
+from examples.lena.configs import Config, ConfigError
 
 PyTree = Any
 Batch = dict[str, np.ndarray]

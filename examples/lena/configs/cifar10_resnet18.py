@@ -5,7 +5,7 @@ budget on the sample clock. Batch 16k is ``--set batch_scale=128``: on 8 devices
 micro-batches of 128 per device per update.
 """
 
-from examples.configs import Config
+from examples.lena.configs import Config
 
 
 def get_config() -> Config:

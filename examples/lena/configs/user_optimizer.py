@@ -14,7 +14,7 @@ import optax
 
 import optax_lena as ol
 from examples import optimizers
-from examples.configs import Config
+from examples.lena.configs import Config
 
 
 def _lena_nesterov(hp: optimizers.Hyperparams) -> optax.GradientTransformation:
@@ -46,6 +46,6 @@ optimizers.register(
 
 def get_config() -> Config:
   """The default MNIST-1D configuration with ``optimizer='lena_nesterov'``."""
-  from examples.configs import default
+  from examples.lena.configs import default
 
   return dataclasses.replace(default.get_config(), optimizer="lena_nesterov")

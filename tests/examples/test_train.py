@@ -1,4 +1,4 @@
-"""Tests of the training program (examples/train.py) and the demo (examples/demo.py).
+"""Tests of the LENA trainer (examples/lena/train.py) and its demo (examples/lena/demo.py).
 
 Tiny MNIST-1D runs on 8 simulated CPU devices (see conftest.py); CIFAR runs on
 `tfds.testing.mock_data`. The full optimizer x parallel-mode grid is marked slow; the default
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 # `examples` is a top-level package of the repository, not part of the installed distribution.
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 if _REPO_ROOT not in sys.path:
   sys.path.insert(0, _REPO_ROOT)
 
@@ -23,9 +23,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from examples import checkpoints, configs, input_pipeline, metrics, optimizers, train  # noqa: E402
-from examples import main as cli  # noqa: E402
-from examples import parallel as parallel_lib  # noqa: E402
+from examples import checkpoints, input_pipeline, metrics, optimizers  # noqa: E402
+from examples.lena import configs, train  # noqa: E402
+from examples.lena import main as cli  # noqa: E402
+from examples.lena import parallel as parallel_lib  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def _params(state: train.TrainState) -> list[np.ndarray]:
 # test_parallel_modes_agree. The rest of the grid is slow only because every run compiles.
 _FAST = {
   ("sgd", "pmap"),
-  ("lsw", "gspmd"),
+  ("linear_scaling", "gspmd"),
   ("adascale", "shard_map"),
   ("lars", "shard_map"),
   ("lamb", "pmap"),
@@ -210,7 +211,7 @@ def test_indivisible_batch_message() -> None:
 @pytest.mark.parametrize(
   ("key", "value", "valid"),
   [
-    ("optimizer", "adam", "sgd, lsw, adascale, lena, lars, lamb"),
+    ("optimizer", "adam", "sgd, linear_scaling, adascale, lena, lars, lamb"),
     ("parallel", "pjit", "shard_map, pmap, gspmd"),
     ("dataset", "imagenet", "mnist1d, cifar10, cifar100"),
     ("model", "vgg", "cnn1d, resnet18"),
@@ -349,7 +350,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
 
 
 def test_demo_quick_writes_table_and_plots(tmp_path: Path, cache_dir: str) -> None:
-  from examples import demo
+  from examples.lena import demo
 
   out = demo.main(quick=True, workdir=tmp_path / "demo", cache_dir=cache_dir)
   assert [r["method"] for r in out["rows"]] == ["SGD 1 worker", "LSW", "AdaScale", "LENA"]
@@ -367,7 +368,7 @@ def test_demo_quick_writes_table_and_plots(tmp_path: Path, cache_dir: str) -> No
 
 
 def test_iterations_to_target() -> None:
-  from examples import demo
+  from examples.lena import demo
 
   records = [{"iteration": i, "eval_accuracy": a} for i, a in [(2, 0.5), (4, 0.9), (6, 0.95)]]
   assert demo.iterations_to_target(records, 0.9) == 4

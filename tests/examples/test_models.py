@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 if _REPO_ROOT not in sys.path:
   sys.path.insert(0, _REPO_ROOT)
 
@@ -67,7 +67,7 @@ def test_per_worker_batchnorm_under_vmap() -> None:
 
 def test_config_builds_the_study_model() -> None:
   """``--config mnist1d_resnet1d`` is the second study's setting (ResNet1D width 8)."""
-  from examples import configs
+  from examples.lena import configs
 
   config = configs.get_config("mnist1d_resnet1d")
   assert (config.model, config.width, config.per_worker_batch) == ("resnet1d", 8, 8)

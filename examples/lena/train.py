@@ -1,11 +1,12 @@
-"""Large-batch data-parallel training with LENA, AdaScale, linear scaling (LSW) and friends.
+"""Large-batch data-parallel training with LENA, AdaScale, linear scaling and friends.
 
 Laid out like Flax's ``examples/imagenet/train.py``: :func:`create_train_state`, the step
 functions and :func:`train_and_evaluate`, read top to bottom. The rest lives next door:
-``input_pipeline`` (datasets), ``models``, ``optimizers`` (the registry ``config.optimizer``
-names), ``parallel`` (batch layout and the shard_map / pmap / GSPMD strategies),
-``metrics`` (``config.json``, ``metrics.jsonl``), ``checkpoints`` (Orbax) and ``main`` (the
-command line).
+the shared ``examples.input_pipeline`` (datasets), ``examples.models``, ``examples.losses``,
+``examples.optimizers`` (the registry ``config.optimizer`` names), ``examples.metrics``
+(``config.json``, ``metrics.jsonl``) and ``examples.checkpoints`` (Orbax); this program's
+``parallel`` (batch layout and the shard_map / pmap / GSPMD strategies), ``configs`` and
+``main`` (the command line).
 
 One update averages S per-worker gradients of ``per_worker_batch`` examples each, computed on
 ``num_devices`` devices that each accumulate ``micro_batches`` of them
@@ -33,8 +34,9 @@ import orbax.checkpoint as ocp
 import tqdm
 
 import optax_lena as ol
-from examples import checkpoints, input_pipeline, metrics, models, optimizers, parallel
-from examples.configs import Config, ConfigError
+from examples import checkpoints, input_pipeline, losses, metrics, models, optimizers
+from examples.lena import parallel
+from examples.lena.configs import Config, ConfigError
 
 log = logging.getLogger(__name__)
 PyTree = Any
@@ -124,11 +126,6 @@ def create_train_state(
 # ----------------------------------------------------------------------------------------------
 
 
-def cross_entropy_loss(logits: jax.Array, labels: jax.typing.ArrayLike) -> jax.Array:
-  """Per-example softmax cross-entropy."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-
-
 def loss_fn(
   params: PyTree, batch: Batch, batch_stats: PyTree, model: flax.linen.Module
 ) -> tuple[jax.Array, tuple[PyTree, jax.Array]]:
@@ -141,9 +138,8 @@ def loss_fn(
     batch_stats = new_vars["batch_stats"]
   else:
     logits = cast(jax.Array, model.apply(variables, batch["x"], train=True))
-  loss = jnp.mean(cross_entropy_loss(logits, batch["y"]))
-  accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
-  return loss, (batch_stats, accuracy)
+  accuracy = losses.accuracy(logits, batch["y"])
+  return losses.cross_entropy(logits, batch["y"]), (batch_stats, accuracy)
 
 
 def worker_grads(
@@ -190,7 +186,7 @@ def eval_step(state: TrainState, batch: Batch, *, model: flax.linen.Module) -> d
   logits = cast(jax.Array, model.apply(variables, batch["x"], train=False))
   mask = batch["mask"]
   return {
-    "loss": jnp.sum(mask * cross_entropy_loss(logits, batch["y"])),
+    "loss": jnp.sum(mask * losses.per_example_cross_entropy(logits, batch["y"])),
     "correct": jnp.sum(mask * (jnp.argmax(logits, -1) == batch["y"])),
     "count": jnp.sum(mask),
   }
@@ -386,7 +382,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   return strategy.from_device(device_state)
 
 
-if __name__ == "__main__":  # `python -m examples.train ...` still works; examples.main is the CLI
-  from examples import main as main_lib
+if __name__ == "__main__":  # `python -m examples.lena.train` works too; examples.main is the CLI
+  from examples.lena import main as main_lib
 
   main_lib.main()

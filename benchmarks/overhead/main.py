@@ -1,0 +1,109 @@
+"""The overhead benchmark's command line: presets and the order of the sections."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from benchmarks import harness
+from benchmarks.overhead.common import NUM_WORKERS, Row, log
+from benchmarks.overhead.data_parallel import bench_dp_step, bench_train_step
+from benchmarks.overhead.report import write_reports
+from benchmarks.overhead.state_and_compile import bench_compile, memory_rows
+from benchmarks.overhead.trees import resnet18_shapes, transformer_shapes
+from benchmarks.overhead.update import bench_stacked, bench_update_only
+
+# ----------------------------------------------------------------------------------------------
+# Main.
+
+
+@dataclasses.dataclass
+class Config:
+  resnet_width: int = 64
+  transformer: tuple[int, int] = (16, 192)  # (blocks, d_model)
+  repeats: int = 20  # update only
+  step_repeats: int = 8  # the slower sections (stacked, data-parallel, training steps)
+  train_models: tuple[tuple[str, int, int], ...] = (("cnn1d", 128, 0), ("resnet18", 16, 16))
+  compile_leaves: tuple[int, ...] = (100, 1000, 5000)
+  compile_repeats: int = 1
+  train_min_seconds: float = 30.0  # per model in (d): the CNN1D step takes milliseconds
+
+
+FULL = Config()
+QUICK = Config(
+  resnet_width=16,
+  transformer=(4, 64),
+  repeats=9,
+  step_repeats=5,
+  train_models=(("cnn1d", 32, 0),),
+  compile_leaves=(50, 200),
+  compile_repeats=1,
+  train_min_seconds=0.0,
+)
+
+
+def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> dict[str, Any]:
+  start = time.perf_counter()
+  trees = {
+    f"ResNet-18 (width {config.resnet_width})": resnet18_shapes(config.resnet_width),
+    "transformer ({} blocks, d={})".format(*config.transformer): transformer_shapes(
+      *config.transformer
+    ),
+  }
+  with jax.default_device(devices[0]):
+    rows: list[Row] = []
+    for name, shapes in trees.items():
+      rows += bench_update_only(name, shapes, config.repeats)
+    for name, shapes in trees.items():
+      rows += bench_stacked(name, shapes, config.step_repeats)
+    for name, shapes in trees.items():
+      rows += bench_dp_step(name, shapes, config.step_repeats, devices)
+    for model_name, batch, width in config.train_models:
+      rows += bench_train_step(
+        model_name, config.step_repeats, devices, batch, width, min_seconds=config.train_min_seconds
+      )
+    memory = memory_rows(trees)
+    compile_rows = bench_compile(config.compile_leaves, config.compile_repeats)
+  meta = {
+    "command": command,
+    "machine": harness.machine_info(devices),
+    "repeats": f"{config.repeats} (update only), {config.step_repeats} (steps; training "
+    f"steps: at least {config.train_min_seconds:g} s of rounds per model)",
+    "seconds": time.perf_counter() - start,
+    "config": dataclasses.asdict(config),
+  }
+  return write_reports(out_dir, meta, rows, memory, compile_rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """``python -m benchmarks.overhead``: runs every section and writes the reports."""
+  import benchmarks.overhead
+
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.overhead", description=benchmarks.overhead.__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("--quick", action="store_true", help="small trees and few repeats (< 2 min)")
+  parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+  parser.add_argument("--out", default="benchmarks/overhead/results")
+  parser.add_argument(
+    harness.SYSTEM_MALLOC_FLAG,
+    action="store_true",
+    help="do not re-execute with the caching glibc malloc settings",
+  )
+  args = parser.parse_args(argv)
+  jax.config.update("jax_platforms", "cpu" if args.device == "cpu" else "cuda")
+  devices = jax.devices()[:NUM_WORKERS]
+  if args.device == "cpu" and len(devices) < NUM_WORKERS:
+    log(
+      f"warning: {len(devices)} CPU devices (set XLA_FLAGS before importing jax); the "
+      f"data-parallel sections use S = {len(devices)}"
+    )
+  command = "python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv)
+  log(f"LENA overhead benchmark on {harness.machine_info(devices)}")
+  run(QUICK if args.quick else FULL, devices, args.out, command.strip())
