@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -277,6 +278,7 @@ def load_cifar(
   drop_remainder: bool | None = None,
   num_epochs: int | None = 1,
   shuffle_buffer_size: int | None = None,
+  keep: tuple[StreamPart, int] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Returns an iterator of CIFAR-10/100 batches as numpy arrays.
 
@@ -301,6 +303,8 @@ def load_cifar(
     num_epochs: passes over the data; ``None`` repeats forever.
     shuffle_buffer_size: shuffle buffer in examples; default: the whole split (the images
       are cached in memory as uint8 anyway, about 150 MB for the train split).
+    keep: ``(part, first_position)``: only the examples of a :class:`StreamPart` (stream
+      position = ``first_position`` + running index), selected before augmentation.
 
   Returns:
     An iterator of dicts ``{'image': float32 [B, 32, 32, 3], 'label': int32 [B]}``.
@@ -352,6 +356,8 @@ def load_cifar(
     # The running example index (across epochs) keys the stateless random ops, which makes
     # augmentation deterministic even with parallel map.
     ds = ds.enumerate()
+    if keep is not None:  # StreamPart.keep's arithmetic works on tf tensors too
+      ds = ds.filter(lambda index, _: keep[0].keep(keep[1] + index))
 
     def augment(index: Any, example: tuple[Any, Any]) -> tuple[Any, Any]:
       image, label = example
@@ -391,9 +397,43 @@ class Dataset(Protocol):
   input_shape: tuple[int, ...]
   num_train: int
 
-  def epoch_examples(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]: ...
+  def epoch_examples(
+    self, epoch: int, part: StreamPart | None = None
+  ) -> Iterator[tuple[np.ndarray, np.ndarray]]: ...
 
   def eval_batches(self) -> Iterator[Batch]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPart:
+  """One process's rows ``start:stop`` of every global batch. The stream does not depend on
+  the number of processes: each keeps the rows its devices would hold in one process."""
+
+  global_batch: int
+  start: int
+  stop: int
+
+  @property
+  def size(self) -> int:
+    return self.stop - self.start
+
+  def keep(self, positions: np.ndarray) -> np.ndarray:
+    """Whether each stream position (example index counted from epoch 0) belongs here."""
+    row = positions % self.global_batch
+    return (row >= self.start) & (row < self.stop)
+
+
+def process_part(global_batch: int, process_index: int, process_count: int) -> StreamPart | None:
+  """Process ``process_index``'s block of ``global_batch / process_count`` rows (None: one
+  process, the whole stream)."""
+  size, rest = divmod(global_batch, process_count)
+  if rest:
+    raise ValueError(f"The global batch {global_batch} does not split over {process_count}.")
+  return (
+    None
+    if process_count == 1
+    else StreamPart(global_batch, process_index * size, (process_index + 1) * size)
+  )
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -438,9 +478,14 @@ class Mnist1dData:
     self.eval_batch, self.seed = eval_batch, config.seed
     self.num_train = len(self.y_train)
 
-  def epoch_examples(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """One epoch in an order fixed by (seed, epoch), as a single chunk."""
+  def epoch_examples(
+    self, epoch: int, part: StreamPart | None = None
+  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One epoch in an order fixed by (seed, epoch), as a single chunk (``part``: only the
+    examples of that share of the stream are gathered)."""
     order = np.random.default_rng(_epoch_seed(self.seed, epoch)).permutation(self.num_train)
+    if part is not None:
+      order = order[part.keep(epoch * self.num_train + np.arange(self.num_train))]
     yield self.x_train[order], self.y_train[order]
 
   def eval_batches(self) -> Iterator[Batch]:
@@ -465,8 +510,11 @@ class CifarData:
     # Fail now, with the pipeline's instructions, if the dataset is not prepared.
     self.eval_batches()
 
-  def epoch_examples(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """One epoch, shuffled and augmented with a seed fixed by (seed, epoch)."""
+  def epoch_examples(
+    self, epoch: int, part: StreamPart | None = None
+  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One epoch, shuffled and augmented with a seed fixed by (seed, epoch) (``part``: only the
+    examples of that share of the stream are augmented and returned)."""
     it = load_cifar(
       self.name,
       "train",
@@ -476,6 +524,7 @@ class CifarData:
       num_epochs=1,
       drop_remainder=False,
       seed=_epoch_seed(self.seed, epoch),
+      keep=None if part is None else (part, epoch * self.num_train),
     )
     for b in it:
       yield b["image"], b["label"]
@@ -496,7 +545,9 @@ def create_dataset(config: Config, num_devices: int = 1) -> Dataset:
   return CifarData(config, eval_batch)
 
 
-def global_batches(data: Dataset, global_batch: int, start_step: int = 0) -> Iterator[Batch]:
+def global_batches(
+  data: Dataset, global_batch: int, start_step: int = 0, part: StreamPart | None = None
+) -> Iterator[Batch]:
   """The training stream cut into global batches, starting with update ``start_step``.
 
   The stream is epoch 0, epoch 1, ... in the per-(seed, epoch) order of
@@ -509,15 +560,21 @@ def global_batches(data: Dataset, global_batch: int, start_step: int = 0) -> Ite
     data: the dataset.
     global_batch: examples per update.
     start_step: the first update to produce.
+    part: only this share of every global batch (one process's rows, :func:`process_part`);
+      None: the whole batch.
 
   Yields:
-    ``{'x': [global_batch, ...], 'y': [global_batch]}``.
+    ``{'x': [global_batch, ...], 'y': [global_batch]}`` (``part.size`` rows with ``part``).
   """
   epoch, skip = divmod(start_step * global_batch, data.num_train)
+  if part is not None:  # the part's own examples among those skipped in the first epoch
+    first = epoch * data.num_train
+    skip = int(np.count_nonzero(part.keep(np.arange(first, first + skip))))
+    global_batch = part.size
   pending: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
   have = 0
   while True:
-    for x, y in data.epoch_examples(epoch):
+    for x, y in data.epoch_examples(epoch, part):
       if skip:  # resuming mid-epoch: drop what the checkpointed run already used
         x, y, skip = x[skip:], y[skip:], max(0, skip - len(y))
       pending.append((x, y))

@@ -152,8 +152,10 @@ class _CountingData:
 
   num_train = 10
 
-  def epoch_examples(self, epoch: int):
+  def epoch_examples(self, epoch: int, part: input_pipeline.StreamPart | None = None):
     order = np.random.default_rng(epoch).permutation(10) + 100 * epoch
+    if part is not None:  # one process's share, as the datasets select it
+      order = order[part.keep(epoch * 10 + np.arange(10))]
     yield order[:3], order[:3]
     yield order[3:], order[3:]
 
@@ -171,6 +173,27 @@ def test_global_batches_straddle_epochs_and_resume_anywhere() -> None:
     resumed = input_pipeline.global_batches(data, 4, start)
     for want in batches[start:]:
       np.testing.assert_array_equal(next(resumed)["y"], want)
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_process_parts_tile_every_global_batch(processes: int) -> None:
+  """Each process reads only its block of rows; together they are the single-process batches,
+  also when resuming anywhere (the stream does not depend on the number of processes)."""
+  data = _CountingData()
+  single = input_pipeline.global_batches(data, 4)
+  batches = [next(single)["y"] for _ in range(8)]
+  assert input_pipeline.process_part(4, 0, 1) is None
+  for start in range(8):
+    parts = [
+      input_pipeline.global_batches(data, 4, start, input_pipeline.process_part(4, p, processes))
+      for p in range(processes)
+    ]
+    for want in batches[start:]:
+      got = [next(stream)["y"] for stream in parts]
+      assert all(len(g) == 4 // processes for g in got)
+      np.testing.assert_array_equal(np.concatenate(got), want)
+  with pytest.raises(ValueError, match="does not split over 3"):
+    input_pipeline.process_part(4, 0, 3)
 
 
 # ----------------------------------------------------------------------------------------------
