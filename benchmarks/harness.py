@@ -12,7 +12,8 @@ Grids of training runs, resumable and shardable:
   (the trainer's schema, ``"type"`` records read by ``examples.metrics.read_metrics``) holds an
   evaluation at the ``total_steps`` of its ``config.json``.
 * :func:`run_grid`: trains the unfinished runs of a shard, one progress line per run.
-* :func:`pack_runs` / :func:`unpack_runs`: the raw runs of a study as one ``runs.tar.xz``.
+* :func:`pack_runs` / :func:`unpack_runs`: the raw runs of a study as one ``runs.tar.xz``
+  (unpacked when ``runs/`` is absent).
 * :func:`write_text` / :func:`write_json`: atomic writes (a reader never sees half a file).
 
 Reports: :func:`mean_std`, :func:`mean_std_reached`, :func:`markdown_table`,
@@ -291,16 +292,17 @@ def pack_runs(out: str | Path, runs_dir: str = "runs", files: Sequence[str] = RU
   return archive
 
 
-def unpack_runs(out: str | Path) -> int:
-  """Extracts the members of ``out/runs.tar.xz`` that ``out`` lacks (never overwrites a file:
-  a run trained here since the archive was made wins).
+def unpack_runs(out: str | Path, runs_dir: str = "runs") -> int:
+  """Extracts ``out/runs.tar.xz`` into ``out`` when ``out/<runs_dir>`` does not exist (a fresh
+  checkout); never touches an existing run directory, so a run removed there is trained again
+  (and :func:`pack_runs` then archives the new one).
 
   Returns:
-    The number of files extracted (0 without an archive).
+    The number of files extracted (0 without an archive or with ``runs_dir`` present).
   """
   out = Path(out)
   archive = out / ARCHIVE
-  if not archive.exists():
+  if not archive.exists() or (out / runs_dir).exists():
     return 0
   count = 0
   with tarfile.open(archive, "r:xz") as tar:

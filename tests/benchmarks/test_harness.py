@@ -96,7 +96,9 @@ def test_run_grid_trains_the_unfinished_runs_of_its_shard_and_resumes(
     harness.run_grid(changed, train, tmp_path, config_of=lambda r: {"setting": r.setting})
 
 
-def test_runs_archive_is_reproducible_and_never_overwrites(tmp_path: Path) -> None:
+def test_runs_archive_is_reproducible_and_unpacks_only_into_a_fresh_directory(
+  tmp_path: Path,
+) -> None:
   for name in ("b", "a"):
     _write_run(tmp_path / "runs" / name, total=1, last=1)
   (tmp_path / "runs" / "a" / "checkpoint.bin").write_text("not packed")
@@ -114,11 +116,12 @@ def test_runs_archive_is_reproducible_and_never_overwrites(tmp_path: Path) -> No
   fresh = tmp_path / "fresh"
   fresh.mkdir()
   (fresh / "runs.tar.xz").write_bytes(first)
-  _write_run(fresh / "runs" / "b", total=7, last=7)  # trained here after the archive
-  assert harness.unpack_runs(fresh) == 2
-  assert harness.is_finished(fresh / "runs" / "a")
-  assert json.loads((fresh / "runs" / "b" / "config.json").read_text())["total_steps"] == 7
+  assert harness.unpack_runs(fresh) == 4
+  assert harness.is_finished(fresh / "runs" / "a") and harness.is_finished(fresh / "runs" / "b")
+  # An existing runs/ is left alone: a run removed there is not brought back.
+  (fresh / "runs" / "b" / "metrics.jsonl").unlink()
   assert harness.unpack_runs(fresh) == 0
+  assert not harness.is_finished(fresh / "runs" / "b")
   assert harness.unpack_runs(tmp_path / "none") == 0
 
 
