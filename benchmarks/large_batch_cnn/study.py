@@ -322,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--cache_dir", default="data_cache", help="MNIST-1D cache")
   parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th")
   parser.add_argument("--report_only", action="store_true", help="no training: tables only")
+  parser.add_argument(
+    "--only", nargs="+", help="train only the runs whose name starts with one of these prefixes"
+  )
   args = parser.parse_args(argv)
   shard = harness.parse_shard(args.shard)
   preset_name = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -343,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     flush=True,
   )
   if not args.report_only:
-    trained, _ = train_grid(p, grid, out, args.cache_dir, shard)
+    selected = [sp for sp in grid if not args.only or sp.name.startswith(tuple(args.only))]
+    trained, _ = train_grid(p, selected, out, args.cache_dir, shard)
     if trained:
       harness.pack_runs(out)
   header = (

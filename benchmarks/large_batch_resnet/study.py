@@ -151,6 +151,7 @@ class Preset:
   weight_decay: float = 5e-4
   evals_per_epoch: int = 4
   ratio_records: int = 60  # per-layer diagnostics records per run (about)
+  rng_impl: str = "default"  # the trainer's initialisation PRNG ('rbg' compiles faster)
 
 
 PRESETS = {
@@ -191,6 +192,7 @@ PRESETS = {
     long_seeds=(0,),
     evals_per_epoch=2,
     ratio_records=5,
+    rng_impl="rbg",
   ),
 }
 
@@ -311,6 +313,7 @@ def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> lena.Config:
     log_every=max(1, total // p.ratio_records) if optimizers_with_diagnostics(spec) else 0,
     checkpoint_every=0,
     progress_bar=False,
+    rng_impl=p.rng_impl,
   )
 
 
