@@ -6,6 +6,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks import harness
 from benchmarks.large_batch_cnn.study import PAPER_METHODS, RULES, WARMUPS, Preset, label_of
@@ -102,7 +103,7 @@ def table3(sm: Summary, p: Preset, seeds: Sequence[int]) -> str:
 def table4(sm: Summary, p: Preset, seeds: Sequence[int]) -> str:
   """What makes layer-wise scaling win or lose: grouping, warm-up, budget, inner update."""
   x, long = p.extra_scale, p.long_epochs
-  variants = [
+  variants: list[tuple[str, dict[str, Any]]] = [
     ("LENA per-leaf, state-aware (paper)", dict(optimizer="lena", warmup="state_aware")),
     (
       "LENA per-module, state-aware",
@@ -132,7 +133,7 @@ def table4(sm: Summary, p: Preset, seeds: Sequence[int]) -> str:
     c = cells(sm, sm.baselines(seeds, epochs=long))
     rows.append([f"SGD 1 worker, {long} epochs", *(c[k] for k in keys)])
   for label, fields in variants:
-    c = cells(sm, sm.runs(seeds, batch_scale=x, **fields))  # type: ignore[arg-type]
+    c = cells(sm, sm.runs(seeds, batch_scale=x, **fields))
     rows.append([label, *(c[k] for k in keys)])
   header = ["variant", "seeds", "test acc @ budget", "best acc", "iterations to target"]
   header += ["epochs to target", f"iterations to {LOOSE_FRACTION:.0%}"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -98,7 +98,7 @@ class Stepper:
 
 
 def time_interleaved(
-  runners: dict[str, Callable[[], None]],
+  runners: Mapping[str, Callable[[], None]],
   repeats: int,
   warmup: int = 2,
   min_seconds: float = 0.0,

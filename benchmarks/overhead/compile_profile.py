@@ -64,7 +64,7 @@ def profile(num_leaves: int, variants: Sequence[str] = VARIANTS) -> dict[str, di
     start = time.perf_counter()
     compiled = jax.jit(f).lower(*args).compile()
     seconds = time.perf_counter() - start
-    kernels, distinct = kernel_counts(compiled.as_text())
+    kernels, distinct = kernel_counts(compiled.as_text() or "")
     out[variant] = {"seconds": seconds, "kernels": kernels, "distinct_kernels": distinct}
     print(f"{variant:>14}: {seconds:6.2f} s, {kernels} kernels, {distinct} distinct", flush=True)
   return out

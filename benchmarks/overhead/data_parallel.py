@@ -158,6 +158,7 @@ def model_and_batch(name: str, per_device_batch: int, width: int, num_devices: i
   from examples.models import CNN1D, ResNet18
 
   rng = np.random.RandomState(0)
+  model: Any
   if name == "cnn1d":
     model = CNN1D(num_classes=10)
     x = rng.randn(num_devices, per_device_batch, 40).astype(np.float32)

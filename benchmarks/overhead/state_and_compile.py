@@ -88,7 +88,7 @@ def compile_seconds(name: str, shapes: PyTree) -> tuple[float, int, int]:
   start = time.perf_counter()
   compiled = jax.jit(step, donate_argnums=(0, 1)).lower(shapes, state, shapes, stats).compile()
   seconds = time.perf_counter() - start
-  return (seconds, *kernel_counts(compiled.as_text()))
+  return (seconds, *kernel_counts(compiled.as_text() or ""))
 
 
 def bench_compile(
@@ -102,10 +102,11 @@ def bench_compile(
     kernels: dict[str, tuple[int, int]] = {}
     for i in range(repeats):
       for name in names if i % 2 == 0 else names[::-1]:
-        seconds, *kernels[name] = compile_seconds(name, shapes)
+        seconds, count_all, count_distinct = compile_seconds(name, shapes)
+        kernels[name] = (count_all, count_distinct)
         times[name].append(seconds)
     med = {name: float(np.median(t)) for name, t in times.items()}
-    row = {
+    row: dict[str, Any] = {
       "leaves": count,
       "params": tree_info(shapes)["params"],
       **{f"{name}_s": med[name] for name in names},
