@@ -10,6 +10,8 @@ differ only in how the devices are used:
 * :class:`Pmap`: the same per-device body under ``jax.pmap``.
 * :class:`Gspmd`: plain ``jit``; the workers are a ``vmap`` whose axis is sharded over the
   devices, combined with ``ol.stacked_grad_stats`` (XLA inserts the all-reduces).
+* :class:`PerWorkerVmap`: GSPMD's step with every per-worker micro-batch its own ``vmap`` entry
+  (no sequential micro-batches): the deep-network study's per-worker loop.
 
 The three give the same parameters (pmap and shard_map bitwise on CPU, GSPMD to float rounding).
 """
@@ -243,7 +245,33 @@ class Gspmd(Strategy):
     return jax.jit(step, out_shardings=NamedSharding(self.mesh, P()), donate_argnums=(0,))
 
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (ShardMap, Pmap, Gspmd)}
+class PerWorkerVmap(Gspmd):
+  """All S per-worker micro-batches side by side in one ``vmap``, its axis sharded over the
+  devices.
+
+  The other strategies run a device's K micro-batches one after the other (a ``lax.scan``); here
+  the step is ``Gspmd``'s on a ``[S, 1, per_worker_batch, ...]`` batch, so the workers' forward
+  and backward passes are one batched computation (what the deep-network study's own loop did:
+  ``benchmarks/large_batch_resnet``; on a loaded 2-core CPU it was not faster than the scan,
+  see that study's RESULTS.md). Each worker still normalises with its own BatchNorm batch and the
+  running statistics are the workers' mean, as in every strategy; the gradients and statistics
+  are those of S workers (``ol.stacked_grad_stats``), equal to the other strategies' up to float
+  rounding.
+  """
+
+  name = "vmap"
+
+  def shard_batch(self, batch: Batch) -> Batch:
+    lay = self.layout
+    return self.shard(
+      {
+        k: v.reshape(lay.num_samples, 1, lay.per_worker_batch, *v.shape[1:])
+        for k, v in batch.items()
+      }
+    )
+
+
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (ShardMap, Pmap, Gspmd, PerWorkerVmap)}
 
 
 def create(name: str, layout: BatchLayout, worker: WorkerFn, update: UpdateFn) -> Strategy:
