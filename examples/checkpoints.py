@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -61,10 +62,16 @@ def restore_latest(
 
 
 def restore_checkpoint(workdir: str | Path, step: int | None = None) -> dict[str, Any]:
-  """A checkpoint of ``workdir`` (the latest if ``step`` is None) as nested dicts of arrays
-  (``'state'``, ``'data'``, ``'wall_time'``), read without a template."""
-  with ocp.CheckpointManager(Path(workdir).absolute() / "checkpoints") as mgr:
+  """A checkpoint of ``workdir`` (the latest if ``step`` is None) as nested dicts of NumPy arrays
+  (``'state'``, ``'data'``, ``'wall_time'``), read without a template on one process, whatever
+  the devices and processes that wrote it."""
+  directory = Path(workdir).absolute() / "checkpoints"
+  with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler()) as mgr:
     step = mgr.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints.")
-    return mgr.restore(step, args=ocp.args.StandardRestore())
+    metadata = mgr.item_metadata(step)
+    tree = getattr(metadata, "tree", metadata)
+    # NumPy targets: the arrays come back on the host, not on the writers' device layout.
+    template = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), tree)
+    return mgr.restore(step, args=ocp.args.StandardRestore(template))

@@ -50,21 +50,28 @@ def read_metrics(workdir: str | Path, kind: str | None = "eval") -> list[dict[st
 
 
 class MetricsWriter:
-  """Appends records to ``metrics.jsonl``, after dropping those a resumed run will redo."""
+  """Appends records to ``metrics.jsonl``, after dropping those a resumed run will redo
+  (``workdir=None``: writes nothing, as on the processes other than 0 of a multi-host run)."""
 
-  def __init__(self, workdir: Path, resume_step: int):
-    self.path = workdir / "metrics.jsonl"
+  def __init__(self, workdir: Path | None, resume_step: int):
+    self.path = None if workdir is None else workdir / "metrics.jsonl"
+    if self.path is None:
+      return
     lines = self.path.read_text().splitlines() if resume_step and self.path.exists() else []
     kept = [line for line in lines if line and json.loads(line).get("iteration", 0) <= resume_step]
     self.path.write_text("".join(f"{line}\n" for line in kept))
 
   def write(self, record: dict[str, Any]) -> None:
-    with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+    if self.path is not None:
+      with self.path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
-def write_config(workdir: Path, record: dict[str, Any], resuming: bool) -> None:
-  """Writes ``config.json``; warns when a resumed run's configuration changed."""
+def write_config(workdir: Path | None, record: dict[str, Any], resuming: bool) -> None:
+  """Writes ``config.json``; warns when a resumed run's configuration changed (``workdir=None``:
+  nothing, as on the processes other than 0 of a multi-host run)."""
+  if workdir is None:
+    return
   path = workdir / "config.json"
   if resuming and path.exists():
     old = json.loads(path.read_text())

@@ -14,6 +14,12 @@ differ only in how the devices are used:
   (no sequential micro-batches): the deep-network study's per-worker loop.
 
 The three give the same parameters (pmap and shard_map bitwise on CPU, GSPMD to float rounding).
+
+The mesh, the state's shardings and the host transfers are ``mesh``'s: on several processes the
+mesh spans all their devices and :meth:`Strategy.shard_batch` receives this process's rows of the
+global batch; with ``model_parallel > 1`` the kernels are split over the mesh axis ``'model'``
+(shard_map is then manual over ``'batch'`` only, so the statistics are reduced over the data axis
+and XLA adds the model-axis sums). pmap is single-process and unsharded.
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import optax_lena as ol
+from examples.lena import mesh as mesh_lib
 from examples.lena.configs import Config, ConfigError
+from examples.lena.mesh import AXIS
 
 PyTree = Any
 Batch = dict[str, np.ndarray]
-AXIS = "batch"  # the mesh / pmap axis the workers are spread over
 # worker(state, micro_batches) -> (grads, stats, aux): one worker's K micro-batches ([K, b, ...]
 # leaves); aux (metrics, BatchNorm statistics) is averaged over the workers.
 WorkerFn = Callable[[Any, Batch], tuple[PyTree, ol.GradStats, PyTree]]
@@ -47,8 +54,9 @@ class BatchLayout:
   """How one update's global batch is split: devices x micro-batches x per-worker batch."""
 
   per_worker_batch: int
-  num_devices: int
+  num_devices: int  # data-parallel devices (rows of the mesh), over all processes
   micro_batches: int
+  model_parallel: int = 1  # devices per row, over which the kernels are split
 
   @property
   def num_samples(self) -> int:
@@ -60,13 +68,14 @@ class BatchLayout:
     return self.num_samples * self.per_worker_batch
 
 
-def batch_layout(config: Config, local_device_count: int) -> BatchLayout:
+def batch_layout(config: Config, device_count: int, process_count: int = 1) -> BatchLayout:
   """Splits the global batch into devices x micro-batches x per-worker batch.
 
   Args:
     config: uses ``per_worker_batch``, ``batch_scale`` or ``global_batch_size``,
-      ``num_devices`` and ``micro_batches`` (0 = automatic).
-    local_device_count: devices available.
+      ``num_devices`` and ``micro_batches`` (0 = automatic) and ``model_parallel``.
+    device_count: devices available, over all processes.
+    process_count: processes; each holds the same number of the data-parallel devices.
 
   Returns:
     The layout.
@@ -90,18 +99,37 @@ def batch_layout(config: Config, local_device_count: int) -> BatchLayout:
     if s < 1:
       raise ConfigError(f"batch_scale must be positive, got {s}.")
     global_batch = s * b
-  if config.num_devices > local_device_count:
+  mp, procs = config.model_parallel, process_count
+  if (device_count // procs) % mp:
     raise ConfigError(
-      f"num_devices={config.num_devices} but only {local_device_count} local devices are "
-      "available (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N simulates "
-      "N devices)."
+      f"model_parallel={mp} does not divide the {device_count // procs} devices of each "
+      f"process; use a divisor of {device_count // procs}."
+    )
+  rows = device_count // mp  # data-parallel devices available
+  if config.num_devices > rows:
+    raise ConfigError(
+      f"num_devices={config.num_devices} x model_parallel={mp} but only {device_count} devices "
+      "are available (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N simulates "
+      "N devices per process)."
     )
   devices, micro = config.num_devices, config.micro_batches
-  if devices <= 0 and micro > 0 and s % micro == 0 and s // micro <= local_device_count:
+  if devices <= 0 and micro > 0 and s % micro == 0 and s // micro <= rows:
     devices = s // micro
   elif devices <= 0:
-    # The largest divisor of S that fits: all devices when S is a multiple of their count.
-    devices = max(d for d in range(1, min(s, local_device_count) + 1) if s % d == 0)
+    # The largest divisor of S that fits (and splits over the processes): all devices when S
+    # is a multiple of their count.
+    fits = [d for d in range(1, min(s, rows) + 1) if s % d == 0 and d % procs == 0]
+    if not fits:
+      raise ConfigError(
+        f"S={s} per-worker batches cannot be spread over {procs} processes: make batch_scale "
+        f"a multiple of {procs}."
+      )
+    devices = max(fits)
+  if devices % procs:
+    raise ConfigError(
+      f"num_devices={devices} does not split over {procs} processes (each needs the same "
+      f"number of devices): use a multiple of {procs}."
+    )
   if micro <= 0:
     micro = max(1, s // devices)
   if devices * micro != s:
@@ -114,25 +142,35 @@ def batch_layout(config: Config, local_device_count: int) -> BatchLayout:
       f"and micro_batches so that num_devices x micro_batches = {s} (micro_batches=0 picks "
       "S / num_devices)."
     )
-  return BatchLayout(per_worker_batch=b, num_devices=devices, micro_batches=micro)
+  return BatchLayout(
+    per_worker_batch=b, num_devices=devices, micro_batches=micro, model_parallel=mp
+  )
+
+
+def describe_placement(layout: BatchLayout) -> str:
+  """`` on P processes`` / `` x M model-parallel devices`` for the run's log line."""
+  text = f" on {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  if layout.model_parallel > 1:
+    text += f", kernels split over {layout.model_parallel} devices per worker"
+  return text
 
 
 class Strategy:
   """A parallel path: the compiled step and how states and batches are laid out for it.
 
-  States live "on the mesh" (replicated over ``mesh``) between steps that the host inspects
-  (evaluation, checkpoints); :meth:`to_device` / :meth:`from_device` convert to and from the
-  layout the step wants.
+  States live "on the mesh" (replicated over ``mesh``, kernels split over its ``'model'`` axis
+  with ``model_parallel > 1``) between steps that the host inspects (evaluation, checkpoints);
+  :meth:`to_device` / :meth:`from_device` convert to and from the layout the step wants.
   """
 
   name: ClassVar[str]
 
   def __init__(self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn):
     self.layout = layout
-    self.devices = jax.local_devices()[: layout.num_devices]
-    self.mesh = jax.make_mesh(
-      (layout.num_devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=self.devices
-    )
+    self.mesh = mesh_lib.make_mesh(layout.num_devices, layout.model_parallel)
+    self.devices = list(self.mesh.devices.flat)
+    # The workers of this process's devices (all of them on one process).
+    self.local_workers = layout.num_devices // jax.process_count()
     self.step = self.compile(worker, update)
 
   def compile(self, worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
@@ -140,8 +178,19 @@ class Strategy:
     raise NotImplementedError
 
   def on_mesh(self, tree: PyTree) -> PyTree:
-    """``tree`` replicated on the mesh (checkpoints and evaluation use this layout)."""
-    return jax.device_put(tree, NamedSharding(self.mesh, P()))
+    """``tree`` on the mesh (checkpoints and evaluation use this layout): replicated, or its
+    kernels split over ``'model'`` (:func:`mesh.state_sharding`)."""
+    if self.layout.model_parallel == 1:
+      return mesh_lib.put_global(tree, NamedSharding(self.mesh, P()))
+    return mesh_lib.put_global(tree, mesh_lib.state_sharding(tree, self.mesh))
+
+  def constrain(self, outputs: tuple[PyTree, PyTree]) -> tuple[PyTree, PyTree]:
+    """Inside a step: the new state in :meth:`on_mesh`'s layout, the metrics replicated."""
+    state, step_metrics = outputs
+    return jax.lax.with_sharding_constraint(
+      (state, step_metrics),
+      (mesh_lib.state_sharding(state, self.mesh), NamedSharding(self.mesh, P())),
+    )
 
   def to_device(self, state: PyTree) -> PyTree:
     """The step's state layout (replicated on the mesh unless a strategy says otherwise)."""
@@ -152,21 +201,28 @@ class Strategy:
     return self.on_mesh(state)
 
   def split(self, batch: Batch) -> Batch:
-    """A global batch ``[G, ...]`` as ``[devices, K, per_worker_batch, ...]``."""
+    """This process's rows of a global batch as ``[local workers, K, per_worker_batch, ...]``
+    (on one process: the global batch ``[G, ...]`` as ``[devices, K, b, ...]``)."""
     lay = self.layout
     return {
-      k: v.reshape(lay.num_devices, lay.micro_batches, lay.per_worker_batch, *v.shape[1:])
+      k: v.reshape(self.local_workers, lay.micro_batches, lay.per_worker_batch, *v.shape[1:])
       for k, v in batch.items()
     }
 
   def shard_batch(self, batch: Batch) -> Batch:
-    """A global batch in the step's input layout (split, the device axis sharded)."""
-    return self.shard(self.split(batch))
+    """This process's rows of a global batch in the step's input layout (split, the device
+    axis sharded over all processes' devices)."""
+    return self.shard_local(self.split(batch))
+
+  def shard_local(self, batch: Batch) -> Batch:
+    """The global arrays whose leading axis, split over the devices, holds every process's
+    ``batch`` (this process's rows)."""
+    return mesh_lib.local_to_global(batch, NamedSharding(self.mesh, P(AXIS)))
 
   def shard(self, batch: Batch) -> Batch:
-    """Puts ``batch`` on the mesh, its leading axis split over the devices (also how
-    evaluation batches are placed, whatever the strategy)."""
-    return jax.device_put(batch, NamedSharding(self.mesh, P(AXIS)))
+    """Puts ``batch`` (the same on every process) on the mesh, its leading axis split over the
+    devices (how evaluation batches are placed, whatever the strategy)."""
+    return mesh_lib.put_global(batch, NamedSharding(self.mesh, P(AXIS)))
 
 
 def _per_device_step(worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
@@ -199,19 +255,39 @@ class ShardMap(Strategy):
     # checking on, the body would have to differentiate w.r.t.
     # jax.lax.pcast(params, AXIS, to="varying"): jax.grad of replicated params returns
     # gradients already summed over devices (ol.all_reduce_grad_stats rejects those).
-    # All outputs are replicated by construction (pmean).
-    return jax.jit(
-      jax.shard_map(
-        local_step, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False
-      ),
-      donate_argnums=(0,),
+    # All outputs are replicated over 'batch' by construction (pmean).
+    if self.layout.model_parallel == 1:
+      return jax.jit(
+        jax.shard_map(
+          local_step, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False
+        ),
+        donate_argnums=(0,),
+      )
+    # Manual over 'batch' only: the kernels stay split over the automatic 'model' axis, the
+    # collectives above reduce over the data axis and XLA adds the model-axis partial sums.
+    mapped = jax.shard_map(
+      local_step,
+      mesh=self.mesh,
+      in_specs=(P(), P(AXIS)),
+      out_specs=(P(), P()),
+      axis_names={AXIS},
+      check_vma=False,
     )
+    return jax.jit(lambda state, batch: self.constrain(mapped(state, batch)), donate_argnums=(0,))
 
 
 class Pmap(Strategy):
   """``jax.pmap``: one copy of the state per device."""
 
   name = "pmap"
+
+  def __init__(self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn):
+    if jax.process_count() > 1 or layout.model_parallel > 1:
+      raise ConfigError(
+        "parallel='pmap' runs on one process with replicated parameters; use "
+        "parallel=shard_map or gspmd for several processes or model_parallel > 1."
+      )
+    super().__init__(layout, worker, update)
 
   def compile(self, worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
     body = _per_device_step(worker, update)
@@ -242,7 +318,9 @@ class Gspmd(Strategy):
       grads, stats = ol.stacked_grad_stats(grads, stacked_stats=stats)
       return update(state, grads, stats, jax.tree.map(lambda x: jnp.mean(x, axis=0), aux))
 
-    return jax.jit(step, out_shardings=NamedSharding(self.mesh, P()), donate_argnums=(0,))
+    if self.layout.model_parallel == 1:
+      return jax.jit(step, out_shardings=NamedSharding(self.mesh, P()), donate_argnums=(0,))
+    return jax.jit(lambda state, batch: self.constrain(step(state, batch)), donate_argnums=(0,))
 
 
 class PerWorkerVmap(Gspmd):
@@ -263,11 +341,9 @@ class PerWorkerVmap(Gspmd):
 
   def shard_batch(self, batch: Batch) -> Batch:
     lay = self.layout
-    return self.shard(
-      {
-        k: v.reshape(lay.num_samples, 1, lay.per_worker_batch, *v.shape[1:])
-        for k, v in batch.items()
-      }
+    local_samples = self.local_workers * lay.micro_batches  # this process's workers
+    return self.shard_local(
+      {k: v.reshape(local_samples, 1, lay.per_worker_batch, *v.shape[1:]) for k, v in batch.items()}
     )
 
 

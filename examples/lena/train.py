@@ -35,7 +35,7 @@ import tqdm
 
 import optax_lena as ol
 from examples import checkpoints, input_pipeline, losses, metrics, models, optimizers
-from examples.lena import parallel
+from examples.lena import mesh, parallel
 from examples.lena.configs import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def evaluate(
   for batch in data.eval_batches():
     out = eval_fn(state, strategy.shard(batch))
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = jax.device_get(sums)
+  sums = mesh.host_value(sums)
   count = max(float(sums["count"]), 1.0)
   return {"eval_loss": float(sums["loss"]) / count, "eval_accuracy": float(sums["correct"]) / count}
 
@@ -232,6 +232,8 @@ def validate_config(config: Config) -> None:
     "eval_split": ("test", "validation"),
     "model": tuple(models.MODELS),  # the names models.create_model accepts
   }
+  if config.model_parallel < 1:
+    raise ConfigError(f"model_parallel must be >= 1, got {config.model_parallel}.")
   for key, valid in choices.items():
     value = getattr(config, key)
     if (value.lower() if key == "model" else value) not in valid:
@@ -254,13 +256,22 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     config: the run's configuration.
     workdir: directory for ``config.json``, ``metrics.jsonl`` and ``checkpoints/``.
 
+  On several processes (``jax.distributed`` initialized, e.g. by ``examples.main``) every
+  process runs this with the same arguments: the mesh spans every process's devices, each
+  process reads its own rows of every global batch, all write the checkpoints together and
+  process 0 alone writes ``config.json``, ``metrics.jsonl``, the log and the progress bar.
+
   Returns:
-    The final train state (replicated on the devices' mesh).
+    The final train state (on the devices' mesh: replicated, or its kernels split over the
+    ``model`` axis with ``model_parallel > 1``).
   """
   validate_config(config)
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  layout = parallel.batch_layout(config, jax.local_device_count())
+  is_main = jax.process_index() == 0
+  if is_main:
+    workdir.mkdir(parents=True, exist_ok=True)
+  info = log.info if is_main else lambda *args: None
+  layout = parallel.batch_layout(config, jax.device_count(), jax.process_count())
   s, global_batch = layout.num_samples, layout.global_batch
   data = input_pipeline.create_dataset(config, layout.num_devices)
   if data.num_train < global_batch:
@@ -269,11 +280,12 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       "lower batch_scale or per_worker_batch."
     )
   total_steps, eval_every = run_length(config, data.num_train, layout)
-  log.info(
+  info(
     "Global batch %d = %d devices x %d micro-batches x %d examples (S=%d); %d updates, "
-    "%.2f per epoch; %s.",
+    "%.2f per epoch; %s%s.",
     *(global_batch, layout.num_devices, layout.micro_batches, layout.per_worker_batch, s),
     *(total_steps, data.num_train / global_batch, config.parallel),
+    parallel.describe_placement(layout),
   )
 
   model = create_model(config, data.num_classes)
@@ -296,14 +308,14 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     restored = checkpoints.restore_latest(manager, template, config.seed)
   if restored is not None:
     state, wall_offset = restored["state"], float(restored["wall_time"])
-    log.info(
+    info(
       "Resumed from checkpoint at step %d (epoch %d, example %d).",
       *(int(state.step), int(restored["data"]["epoch"]), int(restored["data"]["example_in_epoch"])),
     )
   start_step = int(state.step)
   layout_record = {**dataclasses.asdict(layout), "num_samples": s, "global_batch": global_batch}
   metrics.write_config(
-    workdir,
+    workdir if is_main else None,
     {
       **dataclasses.asdict(config),
       "layout": layout_record,
@@ -312,11 +324,11 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     },
     resuming=start_step > 0,
   )
-  writer = metrics.MetricsWriter(workdir, start_step)
+  writer = metrics.MetricsWriter(workdir if is_main else None, start_step)
 
   def record(step: int, kind: str, host_state: TrainState) -> dict[str, Any]:
     """A metrics record; train loss and accuracy average the updates since the last."""
-    window = jax.device_get(train_metrics)
+    window = mesh.host_value(train_metrics)
     mean = lambda k: float(np.mean([np.mean(m[k]) for m in window])) if window else None
     rec = {
       "type": kind,
@@ -333,7 +345,9 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
 
   # The training loop.
   device_state = strategy.to_device(state)
-  batches = input_pipeline.global_batches(data, global_batch, start_step)
+  # This process's rows of every global batch (all of them on one process).
+  part = input_pipeline.process_part(global_batch, jax.process_index(), jax.process_count())
+  batches = input_pipeline.global_batches(data, global_batch, start_step, part)
   train_metrics: list[dict[str, jax.Array]] = []
   t0 = time.perf_counter()
   bar = tqdm.tqdm(
@@ -343,7 +357,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     desc=f"{config.optimizer} S={s}",
     unit="it",
     dynamic_ncols=True,
-    disable=None if config.progress_bar else True,  # None: off if not a tty
+    disable=None if config.progress_bar and is_main else True,  # None: off if not a tty
   )
   for step in bar:
     device_state, step_metrics = strategy.step(device_state, strategy.shard_batch(next(batches)))
@@ -360,7 +374,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       rec = record(done, "eval", host_state)
       rec.update(evaluate(host_state, data, strategy, model), eval_split=config.eval_split)
       bar.set_postfix(loss=f"{rec['train_loss']:.3f}", acc=f"{rec['eval_accuracy']:.3f}")
-      log.info(
+      info(
         "step %d epoch %.2f: train loss %.4f, %s accuracy %.4f",
         *(done, rec["epoch"], rec["train_loss"], config.eval_split, rec["eval_accuracy"]),
       )

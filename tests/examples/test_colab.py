@@ -122,6 +122,8 @@ def test_notebook_structure():
   for copy in ("nn.Module", "make_dataset(", "def iterations_to", "ol.lena(", "ol.adascale("):
     assert copy not in source, copy
   assert "get_dataset(" not in source  # never mnist1d's download
+  # A TPU runtime's cores all go to the trainer (num_devices), through the same config.
+  assert 'if BACKEND == "tpu":' in source and "num_devices=NUM_DEVICES" in source
 
 
 def test_install_cell_skips_when_importable(capsys, monkeypatch):

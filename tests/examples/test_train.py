@@ -29,12 +29,6 @@ from examples.lena import main as cli  # noqa: E402
 from examples.lena import parallel as parallel_lib  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-  """One MNIST-1D cache for the module (generation takes about a second)."""
-  return str(tmp_path_factory.mktemp("mnist1d_cache"))
-
-
 def tiny(cache_dir: str, **changes) -> configs.Config:
   """The tiny test configuration with ``changes``."""
   return dataclasses.replace(configs.get_config("tiny_test"), cache_dir=cache_dir, **changes)
@@ -227,7 +221,7 @@ def test_indivisible_batch_message() -> None:
   assert "num_devices" in msg and "micro_batches" in msg
   with pytest.raises(ValueError, match=r"not a multiple of per_worker_batch 32"):
     parallel_lib.batch_layout(configs.Config(per_worker_batch=32, global_batch_size=1000), 8)
-  with pytest.raises(ValueError, match="only 8 local devices"):
+  with pytest.raises(ValueError, match="only 8 devices"):
     parallel_lib.batch_layout(configs.Config(num_devices=16), 8)
 
 
@@ -263,7 +257,7 @@ def test_missing_cifar_message(tmp_path: Path) -> None:
 
 
 def test_cli_parsing_and_errors(capsys: pytest.CaptureFixture) -> None:
-  config, workdir = cli.parse_args(
+  config, workdir, _ = cli.parse_args(
     [
       "--config",
       "default",
@@ -352,7 +346,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
   assert 0 < resumed_from < total
 
   # The uninterrupted run, in this process (same 8 CPU devices, same compiled programs).
-  config, _ = cli.parse_args([*args, "--workdir", "unused"])
+  config, _, _ = cli.parse_args([*args, "--workdir", "unused"])
   reference = train.train_and_evaluate(config, tmp_path / "uninterrupted")
 
   final = checkpoints.restore_checkpoint(workdir)

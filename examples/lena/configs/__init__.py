@@ -61,9 +61,12 @@ class Config:
   per_worker_batch: int = 32
   batch_scale: int = 1  # S: per-worker batches per update
   global_batch_size: int = 0  # if > 0, overrides batch_scale (must be S x per_worker_batch)
-  num_devices: int = 0  # 0 = the largest divisor of S not above the local device count
+  num_devices: int = 0  # data-parallel devices (all processes); 0 = the largest that divides S
   micro_batches: int = 0  # per device; 0 = S / num_devices
-  parallel: str = "shard_map"  # 'shard_map', 'pmap' or 'gspmd'
+  parallel: str = "shard_map"  # 'shard_map', 'pmap', 'gspmd' or 'vmap'
+  # Devices per worker over which the kernels are split (mesh axis 'model'; 1 = replicated):
+  # the mesh is num_devices x model_parallel devices.
+  model_parallel: int = 1
 
   # Schedule of the run.
   num_epochs: int = 30

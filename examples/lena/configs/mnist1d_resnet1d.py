@@ -3,7 +3,7 @@
 10,000 examples (8,000 train / 2,000 test, generated offline), per-worker batch 8, so that
 S = 256 (batch 2048) still makes 3 updates per epoch, like the paper's 16.4k of 45k CIFAR
 images. Width 8 (61,778 parameters) keeps a run on a CPU core in minutes. Large batch:
-``--set batch_scale=256 --set optimizer=lena``; see benchmarks/large_batch/RESULTS-v2.md.
+``--set batch_scale=256 --set optimizer=lena``; see benchmarks/large_batch_resnet/RESULTS.md.
 """
 
 from examples.lena.configs import Config
