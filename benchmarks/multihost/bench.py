@@ -47,7 +47,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def run_once(layout: str, workdir: Path, steps: int, cache_dir: str) -> float:
+def run_once(
+  layout: str, workdir: Path, steps: int, cache_dir: str, per_worker_batch: int
+) -> float:
   """Trains one run of ``layout``; returns its wall time in seconds (compilation included)."""
   processes, devices, batch_scale = LAYOUTS[layout]
   env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
@@ -61,6 +63,7 @@ def run_once(layout: str, workdir: Path, steps: int, cache_dir: str) -> float:
     *("--set", "optimizer=lena", "--set", f"batch_scale={batch_scale}", "--set", "micro_batches=2"),
     *("--set", f"num_steps={steps}", "--set", f"eval_every={steps}", "--set", "log_every=1"),
     *("--set", f"cache_dir={cache_dir}", "--set", "progress_bar=false"),
+    *("--set", f"per_worker_batch={per_worker_batch}"),
   ]
   if processes > 1:
     args += [f"--coordinator_address=127.0.0.1:{_free_port()}", f"--num_processes={processes}"]
@@ -112,7 +115,7 @@ def report(results: dict[str, list[float]], args: argparse.Namespace) -> str:
     + ", ".join(f"{r:.2f}" for r in ratios)
     + f"; median {statistics.median(ratios):.2f}.\n\nCommand: "
     f"`python -m benchmarks.multihost.bench --rounds {args.rounds} --steps {args.steps} "
-    f"--skip {args.skip}`."
+    f"--skip {args.skip} --per_worker_batch {args.per_worker_batch}`."
   )
 
 
@@ -121,8 +124,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
   parser.add_argument("--rounds", type=int, default=3, help="runs of each layout, alternating")
   parser.add_argument("--steps", type=int, default=30, help="updates per run")
   parser.add_argument("--skip", type=int, default=10, help="updates before the timed window")
-  parser.add_argument("--out", default=str(HERE / "results"), help="summary directory")
+  parser.add_argument("--out", default="benchmarks/multihost/results", help="summary directory")
   parser.add_argument("--cache_dir", default="data_cache", help="MNIST-1D cache")
+  parser.add_argument(
+    "--per_worker_batch", type=int, default=32, help="examples per worker (compute per update)"
+  )
   args = parser.parse_args(argv)
   if not 0 < args.skip < args.steps:
     parser.error("--skip must be between 0 and --steps.")
@@ -131,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
     for r in range(args.rounds):
       for name in LAYOUTS:
         workdir = Path(tmp) / f"{name}_{r}"
-        wall = run_once(name, workdir, args.steps, args.cache_dir)
+        wall = run_once(name, workdir, args.steps, args.cache_dir, args.per_worker_batch)
         results[name].append(step_time(workdir, args.skip, args.steps))
         print(
           f"[round {r + 1}/{args.rounds}] {name}: {1e3 * results[name][-1]:.1f} ms / update "
