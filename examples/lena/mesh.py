@@ -85,7 +85,7 @@ def put_global(tree: PyTree, shardings: PyTree) -> PyTree:
   def put(x: Any, sharding: NamedSharding) -> jax.Array:
     if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
       return x
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
       return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
@@ -98,6 +98,8 @@ def put_global(tree: PyTree, shardings: PyTree) -> PyTree:
 def local_to_global(local: PyTree, sharding: NamedSharding) -> PyTree:
   """This process's rows (leading axis) of arrays split over ``sharding``'s batch axis, as the
   global arrays of all processes' rows."""
+  if jax.process_count() == 1:  # the same arrays, half the host time of the general path
+    return jax.device_put(local, sharding)
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
 
 
