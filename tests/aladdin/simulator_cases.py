@@ -2,8 +2,8 @@
 
 ``python -m tests.aladdin.simulator_cases`` recomputes every case and rewrites
 ``data/simulator_golden.json`` (only ever done on a simulator known to be right: the file is the
-record that a refactoring changed no event and no number). ``tests/aladdin/test_simulator_golden.py``
-compares a fresh run of every case with the record, exactly.
+record that a refactoring changed no event and no number). ``test_simulator_golden.py`` compares
+a fresh run of every case with the record, exactly.
 
 The cases: the timing-only runs of the simulator tests (hand-checked clusters, shards, shared
 NICs, send buffers, jitter, the paper's cluster) and one fixed-seed training run of every
@@ -61,7 +61,7 @@ def timing_cases() -> dict[str, tuple[str, dict, dict, dict]]:
       {"tau": 3},
       dict(toy, num_workers=4, slowdown=2.0),
       dict(until=500.0),
-    ),  # fmt: skip
+    ),
     "sgp_ho": ("sgp", {}, dict(toy, num_workers=8), dict(until=1000.0)),
     "sgp_he": ("sgp", {}, dict(toy, num_workers=8, slowdown=10.0), dict(until=5000.0)),
     "aladdin_slow_ps": (
@@ -81,19 +81,19 @@ def timing_cases() -> dict[str, tuple[str, dict, dict, dict]]:
       {},
       dict(toy, num_workers=4, bandwidth=NBYTES / 0.75, num_shards=4, workers_per_machine=4),
       dict(until=3000.0),
-    ),  # fmt: skip
+    ),
     "aladdin_send_buffer": (
       "aladdin",
       {},
       dict(toy, num_workers=2, workers_per_machine=2, bandwidth=NBYTES / 0.75, send_buffer=1),
       dict(until=3000.0),
-    ),  # fmt: skip
+    ),
     "aladdin_jitter_reply_every": (
       "aladdin",
       {"period": 1, "reply_every": 4},
       dict(toy, num_workers=4, jitter=0.2),
       dict(until=200.0, seed=3),
-    ),  # fmt: skip
+    ),
   }
   for name, factor in sim.PAPER_SLOWDOWNS.items():
     for alg in ("aladdin", "ar_sgd", "sgp"):
@@ -101,9 +101,12 @@ def timing_cases() -> dict[str, tuple[str, dict, dict, dict]]:
         alg,
         {},
         dict(compute_time=paper.compute_time, slowdown=factor, paper=True),
-        dict(until=30 * paper.compute_time * factor, batch_size=paper.batch_size,
-             model_bytes=paper.nbytes),
-      )  # fmt: skip
+        dict(
+          until=30 * paper.compute_time * factor,
+          batch_size=paper.batch_size,
+          model_bytes=paper.nbytes,
+        ),
+      )
   return cases
 
 
