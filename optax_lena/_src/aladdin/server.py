@@ -51,11 +51,13 @@ class ServerState(NamedTuple):
 
 
 class Reply(NamedTuple):
-  """The server's answer to one gradient message.
+  """A server's answer to one message: the one reply type of every server (ALADDIN's, ASP's,
+  EASGD's), applied by the worker as ``worker_merge(x, reply.params, reply.alpha)``.
 
   Attributes:
-    ready: bool scalar, True when this message triggered a global update: the worker should then
-      merge ``params`` into its local model with weight ``alpha`` (Eq. 3, :func:`worker_merge`).
+    ready: bool scalar, True when the worker should merge ``params`` into its local model with
+      weight ``alpha`` (Eq. 3, :func:`worker_merge`): for ALADDIN, when this message triggered a
+      global update; ASP and EASGD always answer (weight 1: the worker adopts ``params``).
     params: the global model x~ after this message: the new x~ when ``ready``, else the current,
       unchanged x~ (never stale or uninitialised memory; a real server would not send it).
     alpha: float32 scalar, the merge weight alpha_i when ``ready``, else 0.0, so that
@@ -80,6 +82,12 @@ class ParameterServer(NamedTuple):
   period: int
   normalise: str
   alpha: str | float
+
+
+def adopt(params: PyTree) -> Reply:
+  """The reply of a symmetric server (ASP, EASGD): ready, weight 1, so that
+  ``worker_merge(x, reply.params, reply.alpha)`` returns ``params`` exactly."""
+  return Reply(ready=jnp.asarray(True), params=params, alpha=jnp.ones([], jnp.float32))
 
 
 def accumulator_dtype(dtype: Any) -> Any:

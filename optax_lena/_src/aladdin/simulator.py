@@ -809,10 +809,10 @@ class _Asp(_SymmetricExchange):
   def ps_done(self, s: int, i: int, nbytes: float, grads: PyTree) -> None:
     params = None
     if self.train:
-      self.server_state, params = self.timer(
+      self.server_state, reply = self.timer(
         self.receive, self.server_state, grads, self.worker_ids[i]
       )
-      self.global_params = params
+      params = self.global_params = reply.params
     self.engine.send(
       self.cluster.ps_nic(s), self.cluster.worker_nic(i), nbytes, self.reply_arrive, i, params
     )

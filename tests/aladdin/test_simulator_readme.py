@@ -6,7 +6,7 @@ import re
 import jax
 import numpy as np
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- aladdin-quickstart -->"
 
 

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from optax_lena import aladdin as al
-from tests.aladdin_reference import merge as reference_merge
+from tests.aladdin.reference import merge as reference_merge
 
 RNG = np.random.default_rng(0)
 
@@ -88,13 +88,17 @@ def test_asp_applies_every_gradient_at_once_and_rejects_nonfinite():
   ref, ref_state = params, tx.init(params)
   for k in range(5):
     g = {"w": jnp.asarray(RNG.normal(size=4), jnp.float32)}
-    state, x = receive(state, g, jnp.int32(k % 2))
+    state, reply = receive(state, g, jnp.int32(k % 2))
     updates, ref_state = tx.update(g, ref_state, ref)
     ref = optax.apply_updates(ref, updates)
-    np.testing.assert_allclose(x["w"], ref["w"], rtol=1e-6)
+    np.testing.assert_allclose(reply.params["w"], ref["w"], rtol=1e-6)
+    # The one reply type of every server: weight 1, so worker_merge adopts x~ exactly.
+    assert bool(reply.ready) and float(reply.alpha) == 1.0
+    merged = al.worker_merge({"w": jnp.full(4, 3.0)}, reply.params, reply.alpha)
+    np.testing.assert_array_equal(merged["w"], reply.params["w"])
   before = state
-  state, x = receive(state, {"w": jnp.full(4, jnp.nan)}, jnp.int32(0))
-  np.testing.assert_array_equal(x["w"], before.params["w"])
+  state, reply = receive(state, {"w": jnp.full(4, jnp.nan)}, jnp.int32(0))
+  np.testing.assert_array_equal(reply.params["w"], before.params["w"])
   assert int(state.num_rejected) == 1 and int(state.num_updates) == 5
 
 
@@ -113,6 +117,12 @@ def test_easgd_elastic_exchange():
     new_local["w"] + state.params["w"], local["w"] + center["w"], rtol=1e-6
   )
   assert int(state.num_exchanges) == 1
+  # receive: the same exchange, answered with the one reply type (weight 1).
+  _, reply = jax.jit(server.receive)(server.init(center), local, jnp.int32(3))
+  assert bool(reply.ready) and float(reply.alpha) == 1.0
+  np.testing.assert_array_equal(reply.params["w"], new_local["w"])
+  merged = al.worker_merge(local, reply.params, reply.alpha)
+  np.testing.assert_array_equal(merged["w"], new_local["w"])
 
 
 def test_sgp_peers_follow_the_exponential_graph():

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from optax_lena import aladdin as al
-from tests.aladdin_reference import ReferenceServer
+from tests.aladdin.reference import ReferenceServer
 
 NUM_WORKERS = 3
 LR = 0.1
