@@ -282,6 +282,7 @@ def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
   if spec.alg == "aladdin":
     return sim.algorithm(
       "aladdin",
+      message="gradient",  # the first study's ALADDIN: raw gradients (Algorithm 1 as printed)
       worker_tx=_tx(("local", lr)),
       server_tx=_tx((spec.server_tx, lr)),
       period=spec.period,

@@ -11,6 +11,7 @@ import pytest
 
 from optax_lena import aladdin as al
 from optax_lena._src.aladdin import cluster as cl
+from optax_lena._src.aladdin import sim_compute
 from optax_lena._src.aladdin import simulator as sim
 
 # A toy cluster for hand calculations: 1 s per iteration, 0.1 s of wire per message, no latency,
@@ -189,8 +190,14 @@ def test_paper_cluster_speedups_are_ordered_like_the_paper():
 def test_bad_arguments_raise():
   with pytest.raises(ValueError, match="Unknown algorithm"):
     sim.algorithm("hogwild")
-  with pytest.raises(ValueError, match="period and tau"):
+  with pytest.raises(ValueError, match="period must be >= 1"):
     sim.algorithm("aladdin", period=0)
+  with pytest.raises(ValueError, match="tau must be an int >= 1"):
+    sim.algorithm("easgd", tau=0)
+  with pytest.raises(ValueError, match=r"ASP's workers have no optimizer.*as server_tx"):
+    sim.algorithm("asp", worker_tx=optax.sgd(0.1))
+  with pytest.raises(ValueError, match="needs the workers' optimizer"):
+    sim.Simulator(sim.algorithm("sgp"), _toy_problem())
   with pytest.raises(ValueError, match="never ends"):
     sim.simulate(sim.algorithm("aladdin"), toy(2), batch_size=1, model_bytes=1.0)
   with pytest.raises(ValueError, match="model_bytes"):
@@ -215,8 +222,7 @@ def _accuracy(params, batch):
   return jnp.mean(jnp.argmax(x @ params["w"] + params["b"], -1) == y)
 
 
-@pytest.fixture(scope="module")
-def problem():
+def _toy_problem():
   rng = np.random.default_rng(0)
   w_true = rng.normal(size=(10, 3))
   x = rng.normal(size=(700, 10)).astype(np.float32)
@@ -225,9 +231,14 @@ def problem():
   return sim.Problem(params, _loss, _accuracy, x[:500], y[:500], x[500:], y[500:])
 
 
+@pytest.fixture(scope="module")
+def problem():
+  return _toy_problem()
+
+
 LOCAL = optax.sgd(0.05, momentum=0.9)
 ALGS = {
-  "aladdin": dict(worker_tx=LOCAL, server_tx=optax.sgd(0.05)),
+  "aladdin": dict(worker_tx=LOCAL),  # the recipe's defaults
   "ar_sgd": dict(worker_tx=optax.sgd(0.2, momentum=0.9)),
   "asp": dict(server_tx=optax.sgd(0.05)),
   "easgd": dict(worker_tx=LOCAL),
@@ -280,7 +291,7 @@ def dataclass_tuple(point):
 
 def test_training_follows_the_event_order(problem):
   # With alpha = 0 (no merges) every worker is plain local SGD on its own batch stream, so the
-  # global model must equal a replay of the server on those gradients in the simulated order in
+  # global model must equal a replay of the server on those messages in the simulated order in
   # which they reached the PS -- bitwise.
   options = dict(ALGS["aladdin"], alpha=0.0)
   cluster = cl.make_cluster(4, 1.0, slowdown=10.0, bandwidth=1e5, latency=1e-3)
@@ -299,10 +310,10 @@ def test_training_follows_the_event_order(problem):
   order = [w for _, kind, w in r.events if kind == "receive"]
   assert 0 < len(order) <= len(computes)
 
-  step = jax.jit(al.local_step(_loss, options["worker_tx"]))
-  server = al.parameter_server(4, options["server_tx"], alpha=0.0)
+  step = jax.jit(al.local_step(_loss, options["worker_tx"], message="update"))
+  server = al.parameter_server(4, optax.sgd(1.0), alpha=0.0)
   receive = jax.jit(server.receive)
-  streams = [sim._Batches(problem, 16, np.random.default_rng([5, i])) for i in range(4)]
+  streams = [sim_compute.Batches(problem, 16, np.random.default_rng([5, i])) for i in range(4)]
   local = [(problem.params, options["worker_tx"].init(problem.params)) for _ in range(4)]
   state = server.init(problem.params)
   for w in order:

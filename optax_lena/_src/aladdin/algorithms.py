@@ -193,6 +193,12 @@ class Asp(Spec):
   def __post_init__(self) -> None:
     super().__post_init__()
     _check_tx(self.server_tx, "server_tx", "optax.sgd(0.1, momentum=0.9)")
+    if self.worker_tx is not None:
+      raise ValueError(
+        "ASP's workers have no optimizer (they send gradients and adopt the server's model): "
+        "pass the optimizer as server_tx, e.g. algorithm('asp', server_tx=optax.sgd(0.1, "
+        "momentum=0.9))."
+      )
 
   def check_trainable(self) -> None:
     if self.server_tx is None:
