@@ -9,8 +9,9 @@ def test_receive_cost_report_runs():
   shapes = {"w": (8, 4), "b": (4,)}
   lines = receive_cost.report("tiny", shapes, repeats=1, period=2)
   text = "\n".join(lines)
-  for row in ("optax.sgd step", "receive: non-trigger", "receive: trigger", "amortised over 2",
-              "receive_no_reply: trigger", "accumulate_only"):  # fmt: skip
+  rows = ["optax.sgd step", "receive: non-trigger", "receive: trigger", "amortised over 2"]
+  rows += ["serve: trigger", "serve_flat: non-trigger", "accumulate_only", "check_only"]
+  for row in rows:
     assert row in text
   assert len(receive_cost.resnet50_shapes()) == 161
   n_params = sum(math.prod(s) for s in receive_cost.resnet50_shapes().values())

@@ -225,3 +225,19 @@ def test_low_precision_params_accumulate_in_float32():
   assert reply.params["w"].dtype == jnp.bfloat16
   assert bool(reply.ready)
   np.testing.assert_allclose(np.asarray(reply.params["w"], np.float32), 1 - 4e-3, rtol=4e-3)
+
+
+def test_serve_is_receive_without_the_reply_copy():
+  server = al.parameter_server(3, optax.sgd(0.1, momentum=0.9), period=2, alpha="n_pi")
+  params = {"w": jnp.arange(4.0), "b": jnp.zeros(2)}
+  receive, serve = jax.jit(server.receive), jax.jit(server.serve, donate_argnums=(0,))
+  a, b = server.init(params), server.init(jax.tree.map(jnp.copy, params))
+  rng = np.random.default_rng(1)
+  for worker in (0, 1, 0, 2, 1, 2, 0, 0):
+    g = {"w": jnp.asarray(rng.normal(size=4), jnp.float32), "b": jnp.ones(2)}
+    a, reply = receive(a, g, jnp.int32(worker))
+    b, ready, alpha = serve(b, g, jnp.int32(worker))
+    assert bool(ready) == bool(reply.ready) and float(alpha) == float(reply.alpha)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+      np.testing.assert_array_equal(x, y)
+  assert int(b.num_updates) == 4
