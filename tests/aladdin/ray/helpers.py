@@ -41,21 +41,39 @@ def init_params() -> dict[str, np.ndarray]:
   return {"w": np.zeros((DIM, 1), np.float32), "b": np.zeros((1,), np.float32)}
 
 
-def make_task(lr: float = 0.05) -> Any:
+def poisoned_batches(worker: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Fault injection from the task's side: worker 1's batches are NaN, so every message it
+  computes is non-finite; the other workers' are :func:`batches`."""
+  for x, y in batches(worker, seed):
+    yield (x * np.nan, y) if worker == 1 else (x, y)
+
+
+LR = 0.02  # momentum 0.9 on this problem: stable with the replies' delay on a loaded machine
+
+
+def make_task(batches_fn: Any = None) -> Any:
   """The ``ad.Task`` of the tests."""
+  from optax_lena.aladdin import distributed as ad
+
+  return ad.Task(loss_fn, init_params(), batches_fn or batches, batch_size=BATCH)
+
+
+def spec(name: str = "aladdin", **options: Any) -> Any:
+  """The algorithm's spec with the tests' optimizers (ALADDIN: period 2, the recipe otherwise)."""
   import optax
 
   from optax_lena import aladdin as al
-  from optax_lena.aladdin import distributed as ad
 
-  return ad.Task(
-    loss_fn=loss_fn,
-    init_params=init_params(),
-    batches=batches,
-    local_tx=al.local_optimizer(lr, weight_decay=0.0),
-    server_tx=optax.sgd(lr),
-    batch_size=BATCH,
-  )
+  if name == "asp":
+    return al.algorithm("asp", server_tx=optax.sgd(LR), **options)
+  if name == "aladdin":
+    options.setdefault("period", 2)
+  return al.algorithm(name, worker_tx=al.local_optimizer(LR, weight_decay=0.0), **options)
+
+
+def held_out_loss(params: Any) -> float:
+  """The loss on a held-out batch."""
+  return float(loss_fn(params, next(batches(99, 99))))
 
 
 def session_processes(marker: str) -> list[Any]:
@@ -84,10 +102,24 @@ def actor_processes() -> list[Any]:
   return found
 
 
+def _of_another_session(proc: Any, marker: str) -> bool:
+  """A Ray worker whose raylet (``RAY_RAYLET_PID``) is alive and not of this session: another
+  Ray session on the same machine (other tests, other users) started it."""
+  import psutil
+
+  with contextlib.suppress(psutil.Error, KeyError, ValueError):
+    raylet = psutil.Process(int(proc.environ()["RAY_RAYLET_PID"]))
+    return marker not in " ".join(raylet.cmdline())
+  return False
+
+
 def processes_since(marker: str, before: set[int]) -> list[Any]:
   """The session's processes (``marker`` in the command line) and every Ray worker process that
-  did not exist in ``before`` (pids of :func:`actor_processes` taken earlier)."""
-  new_workers = [p for p in actor_processes() if p.pid not in before]
+  did not exist in ``before`` (pids of :func:`actor_processes` taken earlier), except those of
+  another live Ray session."""
+  new_workers = [
+    p for p in actor_processes() if p.pid not in before and not _of_another_session(p, marker)
+  ]
   return session_processes(marker) + new_workers
 
 
@@ -125,3 +157,31 @@ def kill_all(processes: list[Any]) -> None:
   for proc in processes:
     with contextlib.suppress(Exception):
       os.kill(proc.pid, signal.SIGKILL)
+
+
+class When:
+  """Fault injection from the test's side: a thread that runs ``action()`` once, as soon as
+  ``condition()`` holds (polled every 0.1 s), and records when (``at``)."""
+
+  def __init__(self, condition: Any, action: Any, timeout: float = 90.0):
+    import threading
+    import time
+
+    self.at: float | None = None
+    self.error: BaseException | None = None
+
+    def watch() -> None:
+      deadline = time.time() + timeout
+      while time.time() < deadline:
+        try:
+          if condition():
+            self.at = time.time()
+            action()
+            return
+        except Exception as err:  # reported by the test
+          self.error = err
+          return
+        time.sleep(0.1)
+
+    self.thread = threading.Thread(target=watch, daemon=True)
+    self.thread.start()

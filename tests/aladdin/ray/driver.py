@@ -1,12 +1,13 @@
 """Driver scripts the Ray tests run in subprocesses (each needs a Ray session of its own).
 
-``python tests/aladdin_ray_driver.py multinode OUT.npz`` runs the deterministic schedule on one
+``python -m tests.aladdin.ray.driver multinode OUT.npz`` runs the deterministic schedule on one
 node, then on a two-node ``ray.cluster_utils.Cluster`` (PS shards on one node, workers on the
 other, placed with custom resources), and saves both global models and the actors' nodes.
 
-``python tests/aladdin_ray_driver.py train TEMP_DIR`` starts a local cluster under ``TEMP_DIR``,
-prints ``RUNNING`` once training has started and trains for a minute; exit status 3 with the
-error on stderr when the cluster is lost, 130 after a clean shutdown on Ctrl-C / SIGTERM.
+``python -m tests.aladdin.ray.driver train TEMP_DIR SECONDS`` starts a local cluster under
+``TEMP_DIR`` and prints ``STARTING`` (before the runtime starts), ``RUNNING`` (training) and
+``STOPPING`` (training done, shutting down). Exit status 3 with the error on stderr when the
+cluster is lost; 130 / 143 once everything is down after SIGINT / SIGTERM, at any moment.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 # Nodes started by this process (cluster_utils) advertise and bind 127.0.0.1 only.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import aladdin_ray_helpers as helpers
-import numpy as np
-import ray
 
 from optax_lena.aladdin import distributed as ad
+
+ad.exit_on_stop_signals()  # SIGTERM like Ctrl-C from here on, before anything slow
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from tests.aladdin.ray import helpers  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(helpers)
 
@@ -34,7 +36,11 @@ ITERATIONS = 6
 
 def _deterministic(**placement: object) -> tuple[dict, list[str], list[str]]:
   config = ad.Config(
-    algorithm="aladdin", num_workers=2, period=2, ps_shards=2, deterministic=True, **placement
+    algorithm=helpers.spec("aladdin"),
+    num_workers=2,
+    ps_shards=2,
+    deterministic=True,
+    **placement,  # type: ignore[arg-type]
   )
   with ad.Runtime(helpers.make_task(), config) as runtime:
     result = runtime.run(iterations=ITERATIONS, progress=False)
@@ -82,41 +88,38 @@ def multinode(out: str) -> None:
     **{f"single_{k}": np.asarray(v) for k, v in single.items()},
     **{f"multi_{k}": np.asarray(v) for k, v in multi.items()},
   )
-  print(
-    json.dumps(
-      {
-        "head": head.node_id,
-        "other": other.node_id,
-        "shard_nodes": shard_nodes,
-        "worker_nodes": worker_nodes,
-      }
-    )
-  )
+  nodes = {"head": head.node_id, "other": other.node_id}
+  print(json.dumps({**nodes, "shard_nodes": shard_nodes, "worker_nodes": worker_nodes}))
 
 
-def train(temp_dir: str) -> int:
-  config = ad.Config(algorithm="aladdin", num_workers=2, period=2, chunk_seconds=0.2)
-  runtime = ad.Runtime(helpers.make_task(), config, num_cpus=1, temp_dir=temp_dir, stall_timeout=5)
-  try:
+def train(temp_dir: str, seconds: float) -> int:
+  config = ad.Config(algorithm=helpers.spec("aladdin"), num_workers=2, chunk_seconds=0.2)
+  print("STARTING", flush=True)
+  with ad.Runtime(
+    helpers.make_task(), config, num_cpus=1, temp_dir=temp_dir, stall_timeout=5
+  ) as runtime:
     print("RUNNING", flush=True)
-    runtime.run(60.0, progress=False)
-  except ad.ClusterLostError as err:
-    print(f"ClusterLostError: {err}", file=sys.stderr, flush=True)
-    return 3
-  except KeyboardInterrupt:
-    runtime.shutdown()
-    print("interrupted, shut down", file=sys.stderr, flush=True)
-    return 130
-  finally:
-    if ray.is_initialized():
-      t0 = time.time()
-      runtime.shutdown(checkpoint=False)
-      print(f"shutdown took {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    runtime.run(seconds, progress=False)
+    print("STOPPING", flush=True)
   return 0
 
 
+def main() -> int:
+  try:
+    if sys.argv[1] == "multinode":
+      multinode(sys.argv[2])
+      return 0
+    return train(sys.argv[2], float(sys.argv[3]))
+  except ad.ClusterLostError as err:
+    print(f"ClusterLostError: {err}", file=sys.stderr, flush=True)
+    return 3
+  except ad.Interrupted as err:
+    print(f"interrupted by signal {err.signum}, shut down at {time.time():.1f}", file=sys.stderr)
+    return err.exit_code
+  except KeyboardInterrupt:
+    print("interrupted, shut down", file=sys.stderr)
+    return 130
+
+
 if __name__ == "__main__":
-  if sys.argv[1] == "multinode":
-    multinode(sys.argv[2])
-  else:
-    sys.exit(train(sys.argv[2]))
+  sys.exit(main())

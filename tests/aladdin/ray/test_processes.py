@@ -1,6 +1,6 @@
 """ALADDIN on Ray with Ray sessions of their own (subprocess drivers): two nodes, a lost
-cluster, Ctrl-C. Each subprocess is bounded by a timeout, and no process of its session may
-outlive it."""
+cluster, SIGINT / SIGTERM at start-up, while training and at shutdown, the example program.
+Each subprocess is bounded by a timeout, and no process of its session may outlive it."""
 
 from __future__ import annotations
 
@@ -13,18 +13,21 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from examples import metrics
+
 pytest.importorskip("ray")
 
-import aladdin_ray_helpers as helpers
+from tests.aladdin.ray import helpers
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
 
-DRIVER = Path(__file__).resolve().parent / "aladdin_ray_driver.py"
-ROOT = DRIVER.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
+DRIVER = [sys.executable, "-m", "tests.aladdin.ray.driver"]
 
 
 @pytest.fixture
@@ -39,22 +42,22 @@ def ray_dir() -> Iterator[Path]:
 _WORKERS_BEFORE: dict[str, set[int]] = {}  # Ray worker pids that existed before each test
 
 
-def _start_training(temp_dir: Path) -> subprocess.Popen:
+def _start_training(temp_dir: Path, until: str = "RUNNING", seconds: float = 60.0) -> Any:
+  """Starts the training driver and returns once it printed ``until``."""
   proc = subprocess.Popen(
-    [sys.executable, str(DRIVER), "train", str(temp_dir)],
+    [*DRIVER, "train", str(temp_dir), str(seconds)],
     cwd=ROOT,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
   )
   line = ""
-  deadline = time.time() + 120
-  while "RUNNING" not in line and time.time() < deadline and proc.poll() is None:
+  deadline = time.time() + 150
+  while until not in line and time.time() < deadline and proc.poll() is None:
     line = proc.stdout.readline()
-  if "RUNNING" not in line:
+  if until not in line:
     proc.kill()
-    pytest.fail(f"the driver did not start: {proc.communicate(timeout=30)[1][-2000:]}")
-  time.sleep(2.0)  # let it train
+    pytest.fail(f"the driver did not print {until}: {proc.communicate(timeout=30)[1][-2000:]}")
   return proc
 
 
@@ -73,7 +76,7 @@ def test_two_nodes_give_the_single_node_result_with_the_deterministic_schedule(
 ) -> None:
   out = tmp_path / "params.npz"
   done = subprocess.run(
-    [sys.executable, str(DRIVER), "multinode", str(out)],
+    [*DRIVER, "multinode", str(out)],
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -108,6 +111,7 @@ def _kill_cluster(driver: subprocess.Popen, temp_dir: Path) -> None:
 
 def test_driver_that_loses_its_cluster_gets_a_clear_error(ray_dir: Path) -> None:
   proc = _start_training(ray_dir)
+  time.sleep(2.0)  # let it train
   try:
     _kill_cluster(proc, ray_dir)
     _, err = proc.communicate(timeout=90)
@@ -120,15 +124,33 @@ def test_driver_that_loses_its_cluster_gets_a_clear_error(ray_dir: Path) -> None
   _assert_no_process_left(ray_dir)
 
 
-def test_ctrl_c_shuts_everything_down(ray_dir: Path) -> None:
-  proc = _start_training(ray_dir)
+@pytest.mark.parametrize(
+  ("moment", "signum"),
+  [
+    ("start-up", signal.SIGINT),
+    ("training", signal.SIGTERM),
+    ("shutdown", signal.SIGINT),
+  ],
+)
+def test_a_stop_signal_at_any_moment_shuts_everything_down(
+  ray_dir: Path, moment: str, signum: int
+) -> None:
+  """The driver's stop signals, at three moments: while Ray and the actors start (right after
+  STARTING), while training, and while the runtime shuts down (right after STOPPING of a short
+  run). Every time: exit status 128 + signal and no process of the session left."""
+  until, seconds = {"start-up": ("STARTING", 60.0), "training": ("RUNNING", 60.0)}.get(
+    moment, ("STOPPING", 1.0)
+  )
+  proc = _start_training(ray_dir, until, seconds)
+  if moment == "training":
+    time.sleep(2.0)
   try:
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=90)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
   finally:
     if proc.poll() is None:
       proc.kill()
-  assert proc.returncode == 130, err[-3000:]
+  assert proc.returncode == 128 + signum, err[-3000:]
   _assert_no_process_left(ray_dir)
 
 
@@ -155,6 +177,7 @@ def test_example_command_writes_the_table_json_and_plots(ray_dir: Path) -> None:
       "examples.aladdin",
       "--algorithm",
       "aladdin",
+      "sgp",
       "--workers",
       "2",
       "--slowdown",
@@ -170,8 +193,8 @@ def test_example_command_writes_the_table_json_and_plots(ray_dir: Path) -> None:
       "--quiet",
       "--data_dir",
       str(ray_dir / "data"),
-      "--plot_dir",
-      str(ray_dir / "plots"),
+      "--workdir",
+      str(ray_dir / "work"),
       "--json",
       str(out),
       "--ray_temp_dir",
@@ -184,13 +207,18 @@ def test_example_command_writes_the_table_json_and_plots(ray_dir: Path) -> None:
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "samples/s" in done.stdout and "wait % per worker" in done.stdout
+  assert len(done.stderr) < 5000, done.stderr[-3000:]  # no progress bar in a log
   result = json.loads(out.read_text())
-  assert result["throughput"] > 0
-  assert 0.0 <= result["test_accuracy"] <= 1.0
-  assert len(result["wait_fraction"]) == 2
-  run = result["runs"]["aladdin"]
-  assert run["iterations"][0] > run["iterations"][1] > 0  # worker 1 is 3x slower
-  assert sum(run["merges"]) > 0
+  for name in ("aladdin", "sgp"):
+    run = result["runs"][name]
+    assert run["throughput"] > 0 and 0.0 <= run["test_accuracy"] <= 1.0
+    assert len(run["wait_fraction"]) == len(run["compute_fraction"]) == 2
+    assert all(0 < c <= 1 for c in run["compute_fraction"])
+    assert run["iterations"][0] > run["iterations"][1] > 0 or name == "sgp"  # worker 1 x3
+    assert sum(run["merges"]) > 0
+    records = metrics.read_metrics(ray_dir / "work" / name)
+    assert records and all(0 <= r["eval_accuracy"] <= 1 for r in records)
+    assert [r["wall_time"] for r in records] == sorted(r["wall_time"] for r in records)
   for name in ("accuracy_vs_time.png", "iterations.png"):
-    assert (ray_dir / "plots" / name).stat().st_size > 1000
+    assert (ray_dir / "work" / name).stat().st_size > 1000
   _assert_no_process_left(ray_dir)
