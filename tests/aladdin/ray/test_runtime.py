@@ -267,9 +267,9 @@ def test_baselines_run_on_the_same_runtime(cluster: tuple[str, set[int]], name: 
     assert result.iterations[0] == result.iterations[1]
     jax.tree.map(np.testing.assert_array_equal, locals_[0], locals_[1])
     assert min(result.wait_fraction) > 0
-  elif name == "sgp":  # one gossip message mixed per iteration (the last may be in flight)
+  elif name == "sgp":  # from the second iteration on, one gossip message mixed per iteration
     for iterations, merges in zip(result.iterations, result.merges, strict=True):
-      assert iterations - 1 <= merges <= iterations
+      assert iterations - 2 <= merges <= iterations - 1  # the last one may be still awaited
     assert result.shards == []
   else:  # symmetric: every exchange waits for the servers' answer
     assert len(result.shards) == 2 and all(s["rejected_by_server"] == 0 for s in result.shards)
