@@ -103,13 +103,21 @@ def actor_processes() -> list[Any]:
 
 
 def _of_another_session(proc: Any, marker: str) -> bool:
-  """A Ray worker whose raylet (``RAY_RAYLET_PID``) is alive and not of this session: another
-  Ray session on the same machine (other tests, other users) started it."""
+  """A ``ray::`` process whose raylet is alive and not of this session: another Ray session on
+  the same machine (other tests, other users) started it. The raylet is the one named by a
+  worker's ``RAY_RAYLET_PID``, or the parent of an agent (``ray::DashboardAgent``, ...)."""
   import psutil
 
+  pids = []
   with contextlib.suppress(psutil.Error, KeyError, ValueError):
-    raylet = psutil.Process(int(proc.environ()["RAY_RAYLET_PID"]))
-    return marker not in " ".join(raylet.cmdline())
+    pids.append(int(proc.environ()["RAY_RAYLET_PID"]))
+  with contextlib.suppress(psutil.Error):
+    pids.append(proc.ppid())
+  for pid in pids:
+    with contextlib.suppress(psutil.Error):
+      command = " ".join(psutil.Process(pid).cmdline())
+      if "raylet" in command:
+        return marker not in command
   return False
 
 
