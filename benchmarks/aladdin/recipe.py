@@ -3,7 +3,7 @@
 The setting of the target: 8 simulated workers, the example CNN on MNIST-1D, 15 epochs of
 samples, the workers' optimizer ``al.local_optimizer(0.1)`` (momentum 0.9, weight decay 1e-4)
 for ALADDIN and AR-SGD alike, on the homogeneous cluster (HO) and with one worker 10x slower
-(HE1), seeds 0, 1, 2 (the first study's cluster, data and model: ``study.py``). Candidates:
+(HE1), seeds 0, 1, 2 (the first study's cluster, data and model: ``training.py``). Candidates:
 update messages with alpha / period / server optimizer variants, and the paper's literal reading
 (gradient messages, ``optax.sgd(eta)``, alpha ``"count"``).
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import optax
 
-from benchmarks.aladdin import study
+from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena._src.aladdin import simulator as sim
 
@@ -51,6 +51,8 @@ CANDIDATES: dict[str, dict[str, Any] | None] = {
   "update_p2_a0.8": dict(period=2, alpha=0.8),
   "update_p1_a0.5": dict(period=1, alpha=0.5),
   "update_p4_a0.5_server_m0.5": dict(period=4, alpha=0.5, server_tx=("sgd_m", 1.0)),
+  "update_p4_a0.3": dict(period=4, alpha=0.3),
+  "update_p8_a0.5": dict(period=8, alpha=0.5),
 }
 
 
@@ -71,10 +73,10 @@ def make_algorithm(candidate: str) -> sim.Algorithm:
 
 
 def run_one(candidate: str, cluster_name: str, seed: int, cache_dir: Path) -> dict[str, Any]:
-  preset = study.PRESETS["default"]
-  problem = study.make_problem(preset, seed, cache_dir)
+  preset = training.PRESETS["default"]
+  problem = training.make_problem(preset, seed, cache_dir)
   nbytes = float(sum(x.size * x.dtype.itemsize for x in jax_leaves(problem.params)))
-  cluster = study.training_cluster(preset, cluster_name, nbytes)
+  cluster = training.training_cluster(preset, cluster_name, nbytes)
   result = sim.simulate(
     make_algorithm(candidate),
     cluster,

@@ -1,6 +1,6 @@
 """The second ALADDIN study: the five algorithms at equal tuning, with ALADDIN's recipe defaults.
 
-Setting (the first study's, ``study.py``): 8 simulated workers (4 machines x 2), the example CNN
+Setting (the first study's, ``training.py``): 8 simulated workers (4 machines x 2), the example CNN
 on MNIST-1D (4,000 training examples, batch 32 per worker), the paper's cluster ratios scaled to
 the CNN, +-10% compute jitter; clusters HO, HE1 (worker 0 x10 slower), HE2 (x100).
 
@@ -43,13 +43,13 @@ import jax
 import optax
 
 from benchmarks.aladdin import runs as cells_io
-from benchmarks.aladdin import study
+from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "study_v2"
 ALGORITHMS = ("aladdin", "ar_sgd", "asp", "easgd", "sgp")
-LABELS = study.LABELS
+LABELS = training.LABELS
 TARGET = 0.8  # test accuracy for the time-to-target column
 
 
@@ -87,7 +87,7 @@ def grid(scale: Scale) -> list[Cell]:
   """Every cell, in priority order: what a partial run has is the most useful part."""
   first, rest = scale.seeds[:1], scale.seeds[1:]
   short, longs = scale.budgets[0], scale.budgets[1:]
-  n = study.PRESETS[scale.preset].num_workers
+  n = training.PRESETS[scale.preset].num_workers
   paper_lr = 0.01 * n
   cells: list[Cell] = []
 
@@ -153,10 +153,10 @@ def make_algorithm(cell: Cell, train_size: int, n: int, batch: int) -> sim.Algor
 
 
 def run_cell(cell: Cell, scale: Scale, cache_dir: Path) -> dict[str, Any]:
-  preset = study.PRESETS[scale.preset]
-  problem = study.make_problem(preset, cell.seed, cache_dir)
+  preset = training.PRESETS[scale.preset]
+  problem = training.make_problem(preset, cell.seed, cache_dir)
   nbytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(problem.params)))
-  cluster = study.training_cluster(preset, cell.cluster, nbytes)
+  cluster = training.training_cluster(preset, cell.cluster, nbytes)
   train_size = len(problem.x_train)
   result = sim.simulate(
     make_algorithm(cell, train_size, preset.num_workers, preset.batch_size),
@@ -339,7 +339,7 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()
-  study.save_figure(fig, path)
+  training.save_figure(fig, path)
   return True
 
 
