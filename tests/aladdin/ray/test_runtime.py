@@ -10,6 +10,7 @@ session is left.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import tempfile
@@ -162,6 +163,10 @@ def test_every_message_is_received_or_counted_as_rejected_with_exactly_n_shards(
   np.testing.assert_array_equal(sent[:, 0], result.iterations)
   assert sum(result.merges) == result.shards[0]["global_updates"]
   assert result.shards[0]["calls"] < result.shards[0]["received"]  # messages were folded
+  # 11 actors on 2 CPUs: the shards keep the driver's priority (not Ray's nice 15), the workers
+  # give up 5.
+  assert {s["nice"] for s in result.shards} == {os.nice(0)}
+  assert {w["nice"] for w in result.workers} == {min(os.nice(0) + 5, 19)}
 
 
 def test_killed_worker_restarts_from_the_global_model_while_others_continue(

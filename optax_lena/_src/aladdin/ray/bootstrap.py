@@ -15,11 +15,17 @@ from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
 # Ray's switch for "multi-node clusters allowed" doubles as the one that makes a local node
 # advertise, and therefore bind, the loopback address instead of the machine's external IP.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray starts every worker process (hence every actor) at nice 15 by default: on a machine shared
+# with other work, every normal process then preempts the PS shards and the workers. The
+# runtime's local node runs them at the driver's priority, and lowers only the workers'
+# (:func:`worker_nice`).
+_NICENESS_ENV = "RAY_worker_niceness"
 
 
 @contextlib.contextmanager
 def _loopback_node() -> Iterator[None]:
-  """Makes a new local Ray node advertise, and so bind, 127.0.0.1 (Ray 2.x).
+  """Makes a new local Ray node advertise, and so bind, 127.0.0.1 (Ray 2.x), and start its
+  worker processes at the driver's priority instead of Ray's nice 15.
 
   ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: Ray replaces a loopback node
   address by the machine's external IP (so that other nodes could reach it) and its gRPC servers
@@ -30,18 +36,20 @@ def _loopback_node() -> Iterator[None]:
   """
   import ray._private.ray_constants as ray_constants
 
-  old_env = os.environ.get(_LOOPBACK_ENV)
+  old_env = {name: os.environ.get(name) for name in (_LOOPBACK_ENV, _NICENESS_ENV)}
   old_const = ray_constants.ENABLE_RAY_CLUSTER
   os.environ[_LOOPBACK_ENV] = "0"
+  os.environ.setdefault(_NICENESS_ENV, "0")
   ray_constants.ENABLE_RAY_CLUSTER = False
   try:
     yield
   finally:
     ray_constants.ENABLE_RAY_CLUSTER = old_const
-    if old_env is None:
-      os.environ.pop(_LOOPBACK_ENV, None)
-    else:
-      os.environ[_LOOPBACK_ENV] = old_env
+    for name, value in old_env.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
 
 
 @contextlib.contextmanager

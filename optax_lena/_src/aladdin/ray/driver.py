@@ -110,15 +110,18 @@ class Runtime:
     """``ray.get`` that a signal cannot be lost in (polled once a second)."""
     import ray
 
-    deadline = None if timeout is None else time.time() + timeout
+    start = time.time()
     pending = list(refs) if isinstance(refs, list) else [refs]
     while True:
       ready, _ = ray.wait(pending, num_returns=len(pending), timeout=1.0)
       self.signals.check()
       if len(ready) == len(pending):
         return ray.get(refs)
-      if deadline is not None and time.time() > deadline:
+      waited = time.time() - start
+      if timeout is not None and waited > timeout:
         raise ClusterLostError(f"No answer from the cluster within {timeout:.0f} s.")
+      if waited > self.stall_timeout and not bootstrap.gcs_reachable():
+        raise ClusterLostError("Lost the Ray cluster: its GCS does not accept connections.")
 
   # -- context manager ----------------------------------------------------------------------
 

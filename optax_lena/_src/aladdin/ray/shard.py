@@ -161,6 +161,7 @@ class ServerShard:
     return {
       "shard": self.shard,
       "pid": os.getpid(),
+      "nice": os.nice(0),
       **self.counts,
       "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
       "checkpoints": self.num_checkpoints,
