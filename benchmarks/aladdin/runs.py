@@ -26,6 +26,13 @@ def load_runs(path: Path) -> dict[str, dict[str, Any]]:
   return json.loads(path.read_text()) if path.exists() else {}
 
 
+def save_runs(path: Path, runs: dict[str, dict[str, Any]]) -> None:
+  """Writes the runs atomically (a reader never sees half a file)."""
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+  os.replace(tmp, path)
+
+
 def run_cells(
   cells: Sequence[str],
   path: Path,
@@ -41,9 +48,7 @@ def run_cells(
   for n, cell in enumerate(todo, 1):
     start = time.perf_counter()
     runs[cell] = run(cell)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    save_runs(path, runs)
     acc = runs[cell].get("test_accuracy", float("nan"))
     print(f"[{n}/{len(todo)}] {cell}: {acc:.4f} ({time.perf_counter() - start:.0f} s)")
     sys.stdout.flush()

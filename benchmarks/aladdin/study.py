@@ -17,7 +17,7 @@ Parts (``--parts``, all by default):
 * ``choices``: normalise x server_tx x alpha on HE1 (the ambiguous points of the algorithm).
 * ``overhead``: the simulator's host time outside the JAX computations it runs.
 
-Every training run writes ``<out>/runs/<name>.json`` and is skipped when that file exists, so
+Every training run's summary is kept in ``<out>/runs.json`` and a run found there is skipped, so
 the study resumes; ``--shard I/N`` splits the runs between processes. Every invocation ends by
 writing ``<out>/tables.md``, ``summary.json`` and the plots from whatever has finished.
 
@@ -47,6 +47,7 @@ import jax
 import numpy as np
 import optax
 
+from benchmarks.aladdin import runs as cells_io
 from benchmarks.aladdin.table3 import plot_speedups, table3, table3_markdown
 from benchmarks.aladdin.training import (
   ALGORITHMS,
@@ -517,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   args = parser.parse_args(argv)
   preset = PRESETS["smoke" if args.smoke else "default"]
   out = args.out or (DEFAULT_OUT if not args.smoke else Path("/tmp/aladdin_smoke"))
-  (out / "runs").mkdir(parents=True, exist_ok=True)
+  out.mkdir(parents=True, exist_ok=True)
 
   t3 = None
   t3_path = out / "table3.json"
@@ -538,19 +539,23 @@ def main(argv: Sequence[str] | None = None) -> str:
   grid = build_grid(preset, args.parts)
   index, count = (int(v) for v in args.shard.split("/"))
   mine = grid[index::count]
+  # Every run's summary in one file per shard (runs.json without sharding); all are read.
+  path = out / ("runs.json" if count == 1 else f"runs-{index}-of-{count}.json")
+  runs: dict[str, dict] = {}
+  for other in sorted(out.glob("runs*.json")):
+    runs.update(cells_io.load_runs(other))
+  own = cells_io.load_runs(path)
   trained = skipped = 0
   if not args.report_only:
     for k, spec in enumerate(mine):
-      path = out / "runs" / f"{spec.name}.json"
-      if path.exists():
+      if spec.name in runs:
         skipped += 1
         print(f"[{k + 1}/{len(mine)}] {spec.name}: finished earlier, skipped", flush=True)
         continue
       t0 = time.perf_counter()
       result = run_one(spec, preset, args.cache_dir)
-      tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-      tmp.write_text(json.dumps(result))
-      os.replace(tmp, path)
+      runs[spec.name] = own[spec.name] = result
+      cells_io.save_runs(path, own)
       trained += 1
       print(
         f"[{k + 1}/{len(mine)}] {spec.name}: acc {result['evals'][-1]['test_accuracy']:.4f}, "
@@ -562,10 +567,6 @@ def main(argv: Sequence[str] | None = None) -> str:
       o = measure_overhead(out, preset, args.cache_dir)
       print(f"Simulator overhead: {o['overhead_fraction']:.1%} of wall time", flush=True)
 
-  runs = {}
-  for path in sorted((out / "runs").glob("*.json")):
-    run = json.loads(path.read_text())
-    runs[run["name"]] = run
   text = report(out, preset, runs, t3)
   env = {
     "machine": platform.machine(),
