@@ -322,3 +322,23 @@ def test_training_follows_the_event_order(problem):
     state, _ = receive(state, grads, jnp.int32(w))
   for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(r.params), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_message_modes_agree_with_plain_sgd_workers_in_the_simulator(problem):
+  # The spec's message reaches the simulated workers: with plain SGD workers, update messages to
+  # an sgd(1.0) server and gradient messages to an sgd(eta) server are one algorithm.
+  eta = 0.05
+  cluster = cl.make_cluster(4, 1.0, slowdown=3.0, bandwidth=1e5, latency=1e-3, jitter=0.1)
+  results = {}
+  for message, server_tx in (("update", None), ("gradient", optax.sgd(eta))):
+    alg = sim.algorithm(
+      "aladdin", worker_tx=optax.sgd(eta), message=message, server_tx=server_tx, alpha="count"
+    )
+    results[message] = sim.simulate(
+      alg, cluster, batch_size=16, problem=problem, num_samples=1600, num_evals=2, seed=2
+    )
+  a, b = results["update"], results["gradient"]
+  assert a.iterations == b.iterations and a.messages == b.messages
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+  assert a.final_accuracy > 0.8
