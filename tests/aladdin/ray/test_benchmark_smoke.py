@@ -31,7 +31,6 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
   pair = single["pairs"][0]
   assert pair["loop"] > 0 and pair["efficiency"] > 0 and 0 < pair["compute_fraction"] <= 1
   assert pair["worker_cpu_per_iteration"] > 0 and pair["shard_cpu_per_iteration"] > 0
-  for label in ("default", "worker_nice=0"):
-    (run,) = results["cluster"]["runs"][label]
-    assert len(run["wait_fraction"]) == 2 and run["throughput"] > 0
+  (run,) = results["cluster"]["runs"]["default"]
+  assert len(run["wait_fraction"]) == 2 and run["throughput"] > 0
   assert "| 32 |" in done.stdout and "efficiency" in done.stdout

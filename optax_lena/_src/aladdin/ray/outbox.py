@@ -63,7 +63,8 @@ class Outbox:
     with self._cond:
       self._raise()
       self._queue.append((message, finite))
-      self._cond.notify_all()
+      if len(self._queue) >= self.min_fold:  # wake the sender only when it has a call to make
+        self._cond.notify_all()
       if len(self._queue) > self.max_fold:
         t0 = time.perf_counter()
         self._cond.wait_for(lambda: len(self._queue) <= self.max_fold or self._error)
