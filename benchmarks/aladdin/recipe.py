@@ -53,6 +53,8 @@ CANDIDATES: dict[str, dict[str, Any] | None] = {
   "update_p4_a0.5_server_m0.5": dict(period=4, alpha=0.5, server_tx=("sgd_m", 1.0)),
   "update_p4_a0.3": dict(period=4, alpha=0.3),
   "update_p8_a0.5": dict(period=8, alpha=0.5),
+  "update_p4_a0.65": dict(period=4, alpha=0.65),
+  "update_p6_a0.5": dict(period=6, alpha=0.5),
 }
 
 
