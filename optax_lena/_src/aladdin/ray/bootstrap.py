@@ -130,6 +130,9 @@ def connect(
     kwargs["_temp_dir"] = os.path.abspath(temp_dir)
   with _loopback_node(), _keep_sigterm_handler():
     ray.init(
+      # "local": always a new node of our own, never one that another program on this machine
+      # started with `ray start` (which ray.init() would otherwise join).
+      address="local",
       num_cpus=num_cpus,
       num_gpus=num_gpus,
       resources=dict(resources) if resources else None,
