@@ -52,7 +52,7 @@ def _start_training(temp_dir: Path, until: str = "RUNNING", seconds: float = 60.
     text=True,
   )
   line = ""
-  deadline = time.time() + 150
+  deadline = time.time() + 300
   while until not in line and time.time() < deadline and proc.poll() is None:
     line = proc.stdout.readline()
   if until not in line:
@@ -80,7 +80,7 @@ def test_two_nodes_give_the_single_node_result_with_the_deterministic_schedule(
     cwd=ROOT,
     capture_output=True,
     text=True,
-    timeout=240,
+    timeout=600,
   )
   assert done.returncode == 0, done.stderr[-3000:]
   nodes = json.loads(done.stdout.strip().splitlines()[-1])
@@ -203,7 +203,7 @@ def test_example_command_writes_the_table_json_and_plots(ray_dir: Path) -> None:
     cwd=ROOT,
     capture_output=True,
     text=True,
-    timeout=240,
+    timeout=600,
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "samples/s" in done.stdout and "wait % per worker" in done.stdout

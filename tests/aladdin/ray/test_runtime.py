@@ -33,7 +33,7 @@ from tests.aladdin.ray import helpers  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
 
-TEST_SECONDS = 150  # alarm per test: a hung Ray call fails the test instead of the CI job
+TEST_SECONDS = 300  # alarm per test: a hung Ray call fails the test instead of the CI job
 
 
 @pytest.fixture(autouse=True)
