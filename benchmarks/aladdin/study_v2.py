@@ -9,8 +9,8 @@ Row sets (cells ``group/algorithm/cluster/epochs/seed``):
 * ``equal``: one learning rate for all (0.1): the workers' ``al.local_optimizer(0.1)`` for
   ALADDIN (with ``al.Aladdin``'s defaults, the recipe), AR-SGD, EASGD and SGP; ASP's server
   ``optax.sgd(0.1, momentum=0.9)`` (the paper's momentum server); budgets 15 and 45 epochs.
-* ``sweep``: the same at 0.05 and 0.2, so that each method's best of {0.05, 0.1, 0.2} is known
-  (both are reported: the common rate and each method's best).
+* ``sweep``: the same at 0.0125, 0.025, 0.05 and 0.2, so that each method's best of the same
+  sweep is known (both are reported: the common rate and each method's best).
 * ``paper``: the paper's recipe: eta = 0.01 x n, linear warm-up over the first 8% of the budget,
   x0.1 at 60% (the paper's 20 and 150 of 250 epochs), the same for every algorithm.
 * ``ablation`` (HE1): L1 = ``period=1, alpha="count"`` (every merge has c~ = 1, so alpha = 0:
@@ -64,7 +64,9 @@ class Scale:
 
 
 SCALES = {
-  "default": Scale("default", ("HO", "HE1", "HE2"), (0, 1, 2), (15, 45), 0.1, (0.05, 0.2)),
+  "default": Scale(
+    "default", ("HO", "HE1", "HE2"), (0, 1, 2), (15, 45), 0.1, (0.05, 0.2, 0.025, 0.0125)
+  ),
   "smoke": Scale("smoke", ("HE1",), (0,), (1,), 0.05, (0.1,)),
 }
 
@@ -349,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--cache_dir", type=Path, default=Path.home() / ".cache" / "mnist1d")
   parser.add_argument("--smoke", action="store_true", help="the tiny CI version")
   parser.add_argument("--max_cells", type=int, default=None, help="run at most this many")
+  parser.add_argument("--match", default="", help="run only the cells whose name contains this")
   parser.add_argument("--report_only", action="store_true")
   args = parser.parse_args(argv)
   scale = SCALES["smoke" if args.smoke else "default"]
@@ -358,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> str:
   path = args.out / "runs.json"
   runs = cells_io.load_runs(path)
   if not args.report_only:
-    todo = [c.name for c in cells if c.name not in runs][: args.max_cells]
+    todo = [c.name for c in cells if c.name not in runs and args.match in c.name]
+    todo = todo[: args.max_cells]
     runs = cells_io.run_cells(
       todo, path, lambda name: run_cell(by_name[name], scale, args.cache_dir), runs=runs
     )
