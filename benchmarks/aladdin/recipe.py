@@ -9,7 +9,7 @@ update messages with alpha / period / server optimizer variants, and the paper's
 
 Usage::
 
-  python -m benchmarks.aladdin.recipe                 # resumable; writes RESULTS-recipe.md
+  python -m benchmarks.aladdin.recipe                 # resumable; the table of RESULTS-recipe.md
   python -m benchmarks.aladdin.recipe --report_only   # the table from the finished runs
 
 Every run's summary is kept in ``<out>/runs.json`` (one file; a run in it is skipped), the
@@ -34,7 +34,7 @@ from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena._src.aladdin import simulator as sim
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "recipe"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "recipe"  # runs.json, recipe.md
 SEEDS = (0, 1, 2)
 CLUSTERS = ("HO", "HE1")
 LR = 0.1
