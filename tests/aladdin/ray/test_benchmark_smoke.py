@@ -23,7 +23,7 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
     cwd=ROOT,
     capture_output=True,
     text=True,
-    timeout=400,
+    timeout=900,
   )
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads(out.read_text())
