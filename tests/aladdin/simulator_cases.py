@@ -108,13 +108,13 @@ def timing_cases() -> dict[str, tuple[str, dict, dict, dict]]:
   return cases
 
 
-def _loss(params, batch):
+def loss_fn(params, batch):
   x, y = batch
   logits = x @ params["w"] + params["b"]
   return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
 
-def _accuracy(params, batch):
+def accuracy_fn(params, batch):
   x, y = batch
   return jnp.mean(jnp.argmax(x @ params["w"] + params["b"], -1) == y)
 
@@ -125,7 +125,7 @@ def tiny_problem() -> sim.Problem:
   x = rng.normal(size=(700, 10)).astype(np.float32)
   y = np.argmax(x @ w_true + 0.3 * rng.normal(size=(700, 3)), 1).astype(np.int32)
   params = {"w": jnp.zeros((10, 3)), "b": jnp.zeros(3)}
-  return sim.Problem(params, _loss, _accuracy, x[:500], y[:500], x[500:], y[500:])
+  return sim.Problem(params, loss_fn, accuracy_fn, x[:500], y[:500], x[500:], y[500:])
 
 
 def training_cases() -> dict[str, tuple[str, dict]]:

@@ -13,6 +13,7 @@ from optax_lena import aladdin as al
 from optax_lena._src.aladdin import cluster as cl
 from optax_lena._src.aladdin import sim_compute
 from optax_lena._src.aladdin import simulator as sim
+from tests.aladdin import simulator_cases as cases
 
 # A toy cluster for hand calculations: 1 s per iteration, 0.1 s of wire per message, no latency,
 # no PS processing cost, every worker and the PS on NICs of their own.
@@ -211,24 +212,9 @@ def test_bad_arguments_raise():
 # ------------------------------------------------------------------------------------------------
 
 
-def _loss(params, batch):
-  x, y = batch
-  logits = x @ params["w"] + params["b"]
-  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-
-def _accuracy(params, batch):
-  x, y = batch
-  return jnp.mean(jnp.argmax(x @ params["w"] + params["b"], -1) == y)
-
-
-def _toy_problem():
-  rng = np.random.default_rng(0)
-  w_true = rng.normal(size=(10, 3))
-  x = rng.normal(size=(700, 10)).astype(np.float32)
-  y = np.argmax(x @ w_true + 0.3 * rng.normal(size=(700, 3)), 1).astype(np.int32)
-  params = {"w": jnp.zeros((10, 3)), "b": jnp.zeros(3)}
-  return sim.Problem(params, _loss, _accuracy, x[:500], y[:500], x[500:], y[500:])
+# The tiny softmax-regression problem of the recorded runs (simulator_cases.py).
+_loss = cases.loss_fn
+_toy_problem = cases.tiny_problem
 
 
 @pytest.fixture(scope="module")
