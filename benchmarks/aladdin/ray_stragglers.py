@@ -1,4 +1,4 @@
-"""Straggler robustness on real processes: ALADDIN, AR-SGD and ASP on Ray, one worker slower.
+"""Straggler robustness on real processes: ALADDIN, AR-SGD, ASP and SGP on Ray, one worker slower.
 
 Every (cluster, algorithm) pair trains the MNIST-1D CNN of ``python -m examples.aladdin`` with
 4 workers for the same wall-time budget, on one local Ray cluster (fresh actors for every run):
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,11 @@ CLUSTERS = {"HO": {}, "HE1": {0: 10.0}, "HE2": {0: 100.0}}
 def main() -> None:
   """Runs the missing (cluster, algorithm) pairs, then prints the relative table."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--algorithms", nargs="+", default=["aladdin", "ar_sgd", "asp"])
+  parser.add_argument("--algorithms", nargs="+", default=["aladdin", "ar_sgd", "asp", "sgp"])
   parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
   parser.add_argument("--workers", type=int, default=4)
   parser.add_argument("--time_budget", type=float, default=20.0)
-  parser.add_argument("--worker_nice", type=int, default=5)
+  parser.add_argument("--worker_nice", type=int, default=None, help="None: the runtime's")
   parser.add_argument("--num_cpus", type=int, default=2)
   parser.add_argument("--server_momentum", action="store_true", help="server: SGD momentum 0.9")
   parser.add_argument(
@@ -42,19 +41,20 @@ def main() -> None:
   parser.add_argument("--plot_dir", type=Path, default=Path("benchmarks/aladdin/ray"))
   args = parser.parse_args()
 
-  from examples import aladdin as example
+  import dataclasses
+
+  from examples.aladdin.main import Options, run_one
+  from examples.aladdin.task import TaskOptions, build_task
   from optax_lena.aladdin import distributed as ad
 
-  ex_args = argparse.Namespace(
-    data_dir="data_cache",
-    num_samples=5000,
-    seed=0,
-    workers=args.workers,
-    batch_size=128,
-    lr=0.05,
+  base = Options(
+    task=TaskOptions(workers=args.workers),
+    time_budget=args.time_budget,
     server_momentum=args.server_momentum,
+    worker_nice=args.worker_nice,
+    progress=False,
   )
-  task, accuracy = example.build_task(ex_args)
+  task, accuracy = build_task(base.task)
   accuracy(task.init_params)
   results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
   results.setdefault(
@@ -66,38 +66,21 @@ def main() -> None:
     },
   )
   runs = results.setdefault("runs", {})
+  ad.exit_on_stop_signals()
   ad.connect(num_cpus=args.num_cpus)
   for cluster in args.clusters:
     for algorithm in args.algorithms:
       key = f"{cluster}/{algorithm}"
       if key in runs:
         continue
-      config = ad.Config(
-        algorithm=algorithm,
-        num_workers=args.workers,
-        slowdown=CLUSTERS[cluster],
-        worker_nice=args.worker_nice,
-      )
-      t0 = time.time()
-      with ad.Runtime(task, config) as runtime:
-        startup = time.time() - t0
-        result = runtime.run(args.time_budget, eval_fn=accuracy, eval_every=2.0, progress=False)
-      runs[key] = {
-        "throughput": result.throughput,
-        "test_accuracy": result.curve[-1][1],
-        "wait_fraction": result.wait_fraction,
-        "iterations": result.iterations,
-        "merges": result.merges,
-        "wall_s": result.wall_s,
-        "startup_s": startup,
-        "curve": result.curve,
-        "load_average": os.getloadavg(),
-      }
+      options = dataclasses.replace(base, slowdown=CLUSTERS[cluster])
+      row = run_one(algorithm, options, task, accuracy)
+      runs[key] = {**row, "load_average": os.getloadavg()}
       args.out.parent.mkdir(parents=True, exist_ok=True)
       args.out.write_text(json.dumps(results, indent=1))
       print(
-        f"{key:<14} {result.throughput:8.0f} samples/s  acc {result.curve[-1][1]:.3f}  "
-        f"iterations {result.iterations}  wait {[round(w, 3) for w in result.wait_fraction]}",
+        f"{key:<14} {row['throughput']:8.0f} samples/s  acc {row['test_accuracy']:.3f}  "
+        f"iterations {row['iterations']}  wait {[round(w, 3) for w in row['wait_fraction']]}",
         flush=True,
       )
   print(table(results))

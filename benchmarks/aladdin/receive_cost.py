@@ -11,34 +11,19 @@ a shared machine adds) are printed, with the absolute times as context.
 
 * baseline: one jitted ``optax.sgd(0.1)`` step, ``tx.update`` + ``optax.apply_updates``
   (reads the gradient and the parameters, writes the parameters);
-* ``receive`` of :func:`al.parameter_server` with ``optax.sgd(0.1)``: a message that does not
-  trigger (finiteness check + accumulation), a triggering one (the lazy global update and the
-  reply) and the mean over one period of ``period`` messages from one worker (``period - 1``
-  accumulations + 1 trigger: what the server pays per gradient on average);
-* the same ``receive`` without the reply's params among the outputs (``receive_no_reply``): a
-  jitted function that returns x~ both in the state and in the reply makes XLA copy it, since
-  two outputs cannot share a buffer;
-* the same without the finiteness check (``accumulate_only``): the floor, one accumulation.
+* ``receive`` of :func:`al.parameter_server` with ``optax.sgd(0.1)``, jitted as it is: a
+  message that does not trigger (finiteness check + accumulation), a triggering one (the lazy
+  global update and the reply) and the mean over one period of ``period`` messages from one
+  worker (``period - 1`` accumulations + 1 trigger: what the server pays per message on
+  average). It returns x~ twice (state and reply), so XLA copies x~ on every message;
+* ``serve``, the same step for a server loop (x~ read from the state, no copy);
+* ``serve`` on the flattened tree (one contiguous float32 array per message, as a runtime that
+  sends one buffer per message has it: one kernel per pass instead of one per leaf);
+* the floor: one accumulation ``g~ += g`` alone, and the finiteness check alone.
 
 Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP
-(0.1 M parameters, 6 leaves).
-
-Measured (``python -m benchmarks.aladdin.receive_cost --repeats 15``, jax 0.10.2, XLA:CPU on a
-2-core VM shared with other jobs, load ~16; best-time ratios, medians within +-15%):
-
-  ResNet-50 tree        non-trigger  trigger  amortised (pi = 4)
-  receive                  2.94x      5.16x     3.39x
-  receive, no reply        2.13x      4.75x     2.75x
-  accumulate only          1.18x        -         -
-  MLP tree (0.1 M)
-  receive                  1.96x      2.89x     2.23x
-
-The target of 1.2x an ``optax.sgd`` step per message is NOT met on this CPU. Where the time goes:
-the accumulation alone costs about one sgd step (both read two trees and write one); the
-finiteness check adds a pass over the gradient; returning ``reply.params`` next to the state
-makes XLA copy x~ on every message (two outputs cannot share a buffer); a trigger adds the
-step. Runs on this shared machine moved the ratios by up to +-50% (an earlier run: 1.33x / 2.81x
-/ 1.70x without the reply); no GPU was available to measure there.
+(0.1 M parameters, 6 leaves). The measured ratios and the machine are in
+``benchmarks/aladdin/RESULTS-receive-cost.md``.
 
 Like ``benchmarks/overhead.py``, the script re-executes itself with glibc told to keep freed
 memory (otherwise every buffer over 32 MB is mapped and unmapped at each call and the page faults
@@ -64,7 +49,9 @@ if (
   os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -72,6 +59,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from optax_lena import aladdin as al  # noqa: E402
+from optax_lena._src.aladdin.server import all_finite  # noqa: E402
 
 
 def resnet50_shapes(num_classes: int = 10) -> dict[str, tuple[int, ...]]:
@@ -121,6 +109,7 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
   """(best, median) seconds per call of each candidate, measured interleaved."""
   params = make_tree(shapes, 0)
   grads = make_tree(shapes, 1)
+  flat_grads = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(grads)])
   tx = optax.sgd(0.1)
   server = al.parameter_server(2, optax.sgd(0.1), period=period)
 
@@ -128,28 +117,39 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  def receive_no_reply(state, grads, worker):
-    state, reply = server.receive(state, grads, worker)
-    return state, reply.ready, reply.alpha
-
   def accumulate_only(grad_sum, grads):
     return jax.tree.map(jnp.add, grad_sum, grads)
 
-  sgd = jax.jit(sgd_step, donate_argnums=(0, 1))
-  receive = jax.jit(server.receive, donate_argnums=(0,))
-  receive_nr = jax.jit(receive_no_reply, donate_argnums=(0,))
-  accumulate = jax.jit(accumulate_only, donate_argnums=(0,))
-
-  p = jax.tree.map(jnp.copy, params)
-  o = tx.init(p)
-  s_full = server.init(jax.tree.map(jnp.copy, params))
-  s_nr = server.init(jax.tree.map(jnp.copy, params))
-  acc = jax.tree.map(jnp.zeros_like, params)
+  copy = functools.partial(jax.tree.map, jnp.copy)
   worker = jnp.int32(0)
-  times: dict[str, list[float]] = {"sgd": [], "accumulate_only": []}
-  for k in range(period):
-    times[f"receive[{k}]"] = []
-    times[f"receive_no_reply[{k}]"] = []
+  # name -> (jitted function, its donated state, the message, whether it is a server)
+  candidates: dict[str, tuple[Any, Any, Any, bool]] = {
+    "sgd": (jax.jit(sgd_step, donate_argnums=(0, 1)), None, grads, False),
+    "accumulate_only": (
+      jax.jit(accumulate_only, donate_argnums=(0,)),
+      jax.tree.map(jnp.zeros_like, params),
+      grads,
+      False,
+    ),
+    "check_only": (jax.jit(all_finite), None, grads, False),
+    "receive": (
+      jax.jit(server.receive, donate_argnums=(0,)),
+      server.init(copy(params)),
+      grads,
+      True,
+    ),
+    "serve": (jax.jit(server.serve, donate_argnums=(0,)), server.init(copy(params)), grads, True),
+    "serve_flat": (
+      jax.jit(server.serve, donate_argnums=(0,)),
+      server.init(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(params)])),
+      flat_grads,
+      True,
+    ),
+  }
+  sgd_state = (copy(params), tx.init(params))
+  states = {name: c[1] for name, c in candidates.items()}
+  states["sgd"] = sgd_state
+  times: dict[str, list[float]] = {}
 
   def timed(fn, *args):
     start = time.perf_counter()
@@ -158,20 +158,22 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
 
   for rnd in range(repeats + 2):  # two warm-up rounds
     record = rnd >= 2
-    (p, o), t = timed(sgd, p, o, grads)
-    if record:
-      times["sgd"].append(t)
-    acc, t = timed(accumulate, acc, grads)
-    if record:
-      times["accumulate_only"].append(t)
-    for k in range(period):  # one period of one worker: k = period - 1 triggers
-      (s_full, reply), t = timed(receive, s_full, grads, worker)
-      assert bool(reply.ready) == (k == period - 1)
-      if record:
-        times[f"receive[{k}]"].append(t)
-      (s_nr, _, _), t = timed(receive_nr, s_nr, grads, worker)
-      if record:
-        times[f"receive_no_reply[{k}]"].append(t)
+    for name, (fn, _, message, is_server) in candidates.items():
+      # A server sees one period of one worker per round: k = period - 1 triggers.
+      for k in range(period if is_server else 1):
+        key = f"{name}[{k}]" if is_server else name
+        if name == "sgd":
+          states[name], t = timed(fn, *states[name], message)
+        elif name == "check_only":
+          _, t = timed(fn, message)
+        elif is_server:
+          out, t = timed(fn, states[name], message, worker)
+          states[name] = out[0]
+          assert bool(out[1] if name != "receive" else out[1].ready) == (k == period - 1)
+        else:
+          states[name], t = timed(fn, states[name], message)
+        if record:
+          times.setdefault(key, []).append(t)
   return {name: (float(np.min(ts)), float(np.median(ts))) for name, ts in times.items()}
 
 
@@ -194,7 +196,7 @@ def report(label: str, shapes, repeats: int, period: int) -> list[str]:
     )
 
   lines.append(row("optax.sgd step (update + apply_updates)", "sgd"))
-  for variant in ("receive", "receive_no_reply"):
+  for variant in ("receive", "serve", "serve_flat"):
     per = [measured[f"{variant}[{k}]"] for k in range(period)]
     if period > 1:
       non_trigger = tuple(float(np.median([p[i] for p in per[:-1]])) for i in range(2))
@@ -203,6 +205,7 @@ def report(label: str, shapes, repeats: int, period: int) -> list[str]:
     amortised = tuple(float(np.mean([p[i] for p in per])) for i in range(2))
     lines.append(row(f"{variant}: amortised over {period} messages", amortised))
   lines.append(row("accumulate_only (g~ += g, the floor)", "accumulate_only"))
+  lines.append(row("check_only (the finiteness check alone)", "check_only"))
   return lines
 
 

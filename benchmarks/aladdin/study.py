@@ -17,7 +17,7 @@ Parts (``--parts``, all by default):
 * ``choices``: normalise x server_tx x alpha on HE1 (the ambiguous points of the algorithm).
 * ``overhead``: the simulator's host time outside the JAX computations it runs.
 
-Every training run writes ``<out>/runs/<name>.json`` and is skipped when that file exists, so
+Every training run's summary is kept in ``<out>/runs.json`` and a run found there is skipped, so
 the study resumes; ``--shard I/N`` splits the runs between processes. Every invocation ends by
 writing ``<out>/tables.md``, ``summary.json`` and the plots from whatever has finished.
 
@@ -44,89 +44,25 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from examples import input_pipeline
-from examples.models import CNN1D
+from benchmarks.aladdin import runs as cells_io
+from benchmarks.aladdin.table3 import plot_speedups, table3, table3_markdown
+from benchmarks.aladdin.training import (
+  ALGORITHMS,
+  LABELS,
+  PRESETS,
+  Preset,
+  make_problem,
+  save_figure,
+  training_cluster,
+)
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin import cluster as cl
 from optax_lena._src.aladdin import simulator as sim
 
-ALGORITHMS = sim.ALGORITHMS
-LABELS = {"aladdin": "ALADDIN", "ar_sgd": "AR-SGD", "asp": "ASP", "easgd": "EASGD", "sgp": "SGP"}
-CLUSTERS = ("HO", "HE0", "HE1", "HE2")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
-# The paper's Table 3 (ResNet-50, VGG-16); ASP and EASGD are not in it.
-PAPER_TABLE3 = {
-  ("aladdin", "HO"): (6.70, 6.18),
-  ("aladdin", "HE0"): (6.30, 5.74),
-  ("aladdin", "HE1"): (5.95, 5.49),
-  ("aladdin", "HE2"): (5.87, 5.41),
-  ("ar_sgd", "HO"): (5.40, 2.03),
-  ("ar_sgd", "HE0"): (3.22, 1.46),
-  ("ar_sgd", "HE1"): (0.71, 0.62),
-  ("ar_sgd", "HE2"): (0.08, 0.07),
-  ("sgp", "HO"): (6.00, 4.64),
-  ("sgp", "HE0"): (5.21, 4.15),
-  ("sgp", "HE1"): (4.83, 3.81),
-  ("sgp", "HE2"): (1.93, 1.89),
-}
-# The training cluster reproduces the ResNet-50 paper cluster's ratios (see training_cluster).
-REFERENCE_MODEL = "ResNet-50"
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-  """Sizes of the study."""
-
-  num_samples: int  # MNIST-1D examples before the 80/20 split
-  batch_size: int  # per worker
-  epochs: float  # the sample budget of every run, in passes over the training set
-  lr: float  # the workers' (and one-gradient) learning rate
-  ar_lr: float  # AR-SGD's rate on the mean of n gradients
-  num_workers: int
-  seeds: tuple[int, ...]
-  clusters: tuple[str, ...]  # Table 2's clusters
-  study_cluster: str  # where the ablation, period and choices run
-  choice_seeds: tuple[int, ...]
-  num_evals: int
-  width: int  # CNN1D features
-  jitter: float = 0.1  # +-10% per-iteration compute time: equal workers drift out of phase
-
-
-PRESETS = {
-  "default": Preset(
-    num_samples=5000,
-    batch_size=32,
-    epochs=15,
-    lr=0.1,
-    ar_lr=0.2,
-    num_workers=8,
-    seeds=(0, 1, 2),
-    clusters=("HO", "HE1", "HE2"),
-    study_cluster="HE1",
-    choice_seeds=(0,),
-    num_evals=15,
-    width=32,
-  ),
-  "smoke": Preset(
-    num_samples=1000,
-    batch_size=16,
-    epochs=1,
-    lr=0.05,
-    ar_lr=0.2,
-    num_workers=4,
-    seeds=(0,),
-    clusters=("HE1",),
-    study_cluster="HE1",
-    choice_seeds=(0,),
-    num_evals=3,
-    width=8,
-  ),
-}
 
 # ALADDIN-L2: an eager global update (the PS updates x~ at every gradient: period 1) and a reply
 # to each worker every 4 of its gradients, with Section 3.2's alpha for pi = 4 (with period 1,
@@ -213,44 +149,8 @@ def build_grid(preset: Preset, parts: Sequence[str]) -> list[RunSpec]:
 # The training problem and cluster
 # ------------------------------------------------------------------------------------------------
 
-_PROBLEMS: dict[tuple, sim.Problem] = {}
+
 _TXS: dict[tuple, Any] = {}
-
-
-def make_problem(preset: Preset, seed: int, cache_dir: Path) -> sim.Problem:
-  """MNIST-1D (data seed 0, the same draw for every run) and CNN1D initialised from ``seed``.
-
-  The loss and accuracy functions are shared by every problem of one preset, so the simulator's
-  jitted functions are compiled once per algorithm configuration, not once per run."""
-  key = (preset, seed)
-  if key in _PROBLEMS:
-    return _PROBLEMS[key]
-  data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=preset.num_samples)
-  model, fns = _model_fns(preset)
-  params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 40)))["params"]
-  problem = sim.Problem(
-    params, fns[0], fns[1], data["x_train"], data["y_train"], data["x_test"], data["y_test"]
-  )
-  _PROBLEMS[key] = problem
-  return problem
-
-
-def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:
-  key = ("model", preset.width)
-  if key not in _TXS:
-    model = CNN1D(features=preset.width)
-
-    def loss_fn(params, batch):
-      x, y = batch
-      logits = model.apply({"params": params}, x)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-    def accuracy_fn(params, batch):
-      x, y = batch
-      return jnp.mean(jnp.argmax(model.apply({"params": params}, x), -1) == y)
-
-    _TXS[key] = (model, (loss_fn, accuracy_fn))
-  return _TXS[key]
 
 
 def _tx(key: tuple) -> Any:
@@ -282,6 +182,7 @@ def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
   if spec.alg == "aladdin":
     return sim.algorithm(
       "aladdin",
+      message="gradient",  # the first study's ALADDIN: raw gradients (Algorithm 1 as printed)
       worker_tx=_tx(("local", lr)),
       server_tx=_tx((spec.server_tx, lr)),
       period=spec.period,
@@ -296,36 +197,6 @@ def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
   if spec.alg == "easgd":
     return sim.algorithm("easgd", worker_tx=_tx(("local", lr)), tau=2)
   return sim.algorithm("sgp", worker_tx=_tx(("local", lr)))
-
-
-def training_cluster(preset: Preset, name: str, model_bytes: float) -> cl.Cluster:
-  """The simulated cluster of the MNIST-1D runs, scaled from the paper's ResNet-50 cluster.
-
-  One time unit is a worker's iteration. The wire time of a message, the PS's processing time
-  and the latency are those of ResNet-50 on the paper's cluster divided by its compute time, so
-  communication weighs on the small CNN exactly as it did on ResNet-50. Training runs one PS
-  (the simulator does not split the server's computation); its NIC and processing are those of
-  the paper's four shards together (4x a worker NIC's bandwidth, a quarter of the cost per
-  byte).
-  """
-  ref = cl.PAPER_MODELS[REFERENCE_MODEL]
-  paper = cl.paper_cluster(ref.compute_time)
-  wire_ratio = paper.wire_time(ref.nbytes) / ref.compute_time
-  ps_ratio = paper.ps_time(ref.nbytes, update=False) / ref.compute_time
-  bandwidth = model_bytes / wire_ratio
-  return cl.make_cluster(
-    preset.num_workers,
-    1.0,
-    slowdown=cl.PAPER_SLOWDOWNS[name],
-    bandwidth=bandwidth,
-    latency=paper.latency / ref.compute_time,
-    ps_cost_per_byte=ps_ratio / model_bytes / paper.num_shards,
-    ps_bandwidth=bandwidth * paper.num_shards,
-    num_shards=1,
-    workers_per_machine=2,
-    ps_colocated=False,
-    jitter=preset.jitter,
-  )
 
 
 def run_one(spec: RunSpec, preset: Preset, cache_dir: Path, *, profile: bool = False) -> dict:
@@ -354,55 +225,6 @@ def run_one(spec: RunSpec, preset: Preset, cache_dir: Path, *, profile: bool = F
 # ------------------------------------------------------------------------------------------------
 # Table 3 (timing only)
 # ------------------------------------------------------------------------------------------------
-
-
-def table3(
-  num_workers: int = 8, horizon_slow_iterations: int = 40, min_iterations: int = 1000
-) -> dict:
-  """Speed-ups of ``num_workers`` over one worker, timing-only, for both compute settings.
-
-  Returns:
-    ``{"rows": [...], "settings": {...}}``; each row has model, setting, cluster, algorithm,
-    speed-up and the workers' mean waiting fraction.
-  """
-  rows = []
-  settings = {}
-  for model in cl.PAPER_MODELS.values():
-    for setting in ("published", "calibrated"):
-      compute = model.compute_time
-      if setting == "calibrated":
-        paper_ar = PAPER_TABLE3["ar_sgd", "HO"][0 if model.name == "ResNet-50" else 1]
-        compute = cl.calibrated_compute_time(model, paper_ar, cl.paper_cluster(1.0))
-      settings[f"{model.name}/{setting}"] = {
-        "compute_time": compute,
-        "batch_size": model.batch_size,
-        "bytes": model.nbytes,
-        "images_per_second": model.batch_size / compute,
-      }
-      for name, factor in cl.PAPER_SLOWDOWNS.items():
-        cluster = cl.paper_cluster(compute, factor, num_workers=num_workers)
-        # Long enough for the slow worker's iterations and for 1000 of a normal worker's
-        # (the last, unfinished iteration then moves the speed-up by < 0.1%).
-        horizon = max(horizon_slow_iterations * max(cluster.compute_time), min_iterations * compute)
-        for alg in ALGORITHMS:
-          r = sim.simulate(
-            sim.algorithm(alg),
-            cluster,
-            batch_size=model.batch_size,
-            model_bytes=model.nbytes,
-            until_time=horizon,
-          )
-          rows.append(
-            {
-              "model": model.name,
-              "setting": setting,
-              "cluster": name,
-              "alg": alg,
-              "speedup": r.throughput * compute / model.batch_size,
-              "wait_fraction": statistics.mean(r.wait_time) / r.time,
-            }
-          )
-  return {"rows": rows, "settings": settings}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,8 +268,8 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
   lines: list[str] = []
   plots: list[str] = []
   if t3 is not None:
-    lines += _table3_md(t3)
-    plots.append(_plot_speedups(out, t3))
+    lines += table3_markdown(t3)
+    plots.append(plot_speedups(out, t3))
 
   def cell(alg, cluster, **opts):
     key_opts = dict(
@@ -626,87 +448,6 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
   return text
 
 
-def _table3_md(t3: dict) -> list[str]:
-  rows = {(r["model"], r["setting"], r["cluster"], r["alg"]): r for r in t3["rows"]}
-  lines = [
-    "## Table 3 (shape): speed-up of 8 workers over one (timing-only), ResNet-50 / VGG-16",
-    "",
-    "Compute per iteration: "
-    + "; ".join(
-      f"{k}: {v['compute_time'] * 1000:.0f} ms ({v['images_per_second']:.0f} images/s)"
-      for k, v in t3["settings"].items()
-    )
-    + ".",
-    "",
-  ]
-  for setting in ("published", "calibrated"):
-    lines += [
-      f"### compute time: {setting}",
-      "",
-      "| cluster | " + " | ".join(LABELS[a] for a in ALGORITHMS) + " | paper ALADDIN | "
-      "paper AR-SGD | paper SGP |",
-      "|---|" + "---|" * (len(ALGORITHMS) + 3),
-    ]
-    for cluster in CLUSTERS:
-      cells = []
-      for alg in ALGORITHMS:
-        vals = [rows[m, setting, cluster, alg]["speedup"] for m in cl.PAPER_MODELS]
-        cells.append(" / ".join(f"{v:.2f}" for v in vals))
-      paper = [
-        " / ".join(f"{v:.2f}" for v in PAPER_TABLE3[a, cluster])
-        for a in ("aladdin", "ar_sgd", "sgp")
-      ]
-      lines.append(f"| {cluster} | " + " | ".join(cells + paper) + " |")
-    lines.append("")
-  return lines
-
-
-def save_figure(fig: Any, path: Path) -> None:
-  """Writes ``fig`` as PNG and closes it."""
-  import matplotlib.pyplot as plt
-
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
-def _plot_speedups(out: Path, t3: dict) -> str:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-  rows = {(r["model"], r["setting"], r["cluster"], r["alg"]): r["speedup"] for r in t3["rows"]}
-  width = 0.1
-  for ax, (mi, model) in zip(axes, enumerate(cl.PAPER_MODELS), strict=True):
-    x = np.arange(len(CLUSTERS))
-    for k, alg in enumerate(ALGORITHMS):
-      ax.bar(
-        x + (k - 3) * width,
-        [rows[model, "published", c, alg] for c in CLUSTERS],
-        width,
-        label=f"{LABELS[alg]} (sim)",
-      )
-    for k, alg in enumerate(("aladdin", "ar_sgd", "sgp")):
-      ax.bar(
-        x + (k + 2.5) * width,
-        [PAPER_TABLE3[alg, c][mi] for c in CLUSTERS],
-        width,
-        hatch="//",
-        fill=False,
-        edgecolor=f"C{ALGORITHMS.index(alg)}",  # the simulated bar's colour
-        label=f"{LABELS[alg]} (paper)",
-      )
-    ax.set_xticks(x, CLUSTERS)
-    ax.set_title(f"{model}: speed-up of 8 workers (published compute times)")
-    ax.axhline(8, color="gray", lw=0.5)
-  axes[0].set_ylabel("speed-up over one worker")
-  axes[1].legend(fontsize=7, ncol=2)
-  save_figure(fig, out / "speedup_table3.png")
-  return "speedup_table3.png"
-
-
 def _plot_curves(out: Path, preset: Preset, cells: dict[str, dict[str, list[dict]]]) -> str:
   import matplotlib
 
@@ -777,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   args = parser.parse_args(argv)
   preset = PRESETS["smoke" if args.smoke else "default"]
   out = args.out or (DEFAULT_OUT if not args.smoke else Path("/tmp/aladdin_smoke"))
-  (out / "runs").mkdir(parents=True, exist_ok=True)
+  out.mkdir(parents=True, exist_ok=True)
 
   t3 = None
   t3_path = out / "table3.json"
@@ -798,19 +539,23 @@ def main(argv: Sequence[str] | None = None) -> str:
   grid = build_grid(preset, args.parts)
   index, count = (int(v) for v in args.shard.split("/"))
   mine = grid[index::count]
+  # Every run's summary in one file per shard (runs.json without sharding); all are read.
+  path = out / ("runs.json" if count == 1 else f"runs-{index}-of-{count}.json")
+  runs: dict[str, dict] = {}
+  for other in sorted(out.glob("runs*.json")):
+    runs.update(cells_io.load_runs(other))
+  own = cells_io.load_runs(path)
   trained = skipped = 0
   if not args.report_only:
     for k, spec in enumerate(mine):
-      path = out / "runs" / f"{spec.name}.json"
-      if path.exists():
+      if spec.name in runs:
         skipped += 1
         print(f"[{k + 1}/{len(mine)}] {spec.name}: finished earlier, skipped", flush=True)
         continue
       t0 = time.perf_counter()
       result = run_one(spec, preset, args.cache_dir)
-      tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-      tmp.write_text(json.dumps(result))
-      os.replace(tmp, path)
+      runs[spec.name] = own[spec.name] = result
+      cells_io.save_runs(path, own)
       trained += 1
       print(
         f"[{k + 1}/{len(mine)}] {spec.name}: acc {result['evals'][-1]['test_accuracy']:.4f}, "
@@ -822,10 +567,6 @@ def main(argv: Sequence[str] | None = None) -> str:
       o = measure_overhead(out, preset, args.cache_dir)
       print(f"Simulator overhead: {o['overhead_fraction']:.1%} of wall time", flush=True)
 
-  runs = {}
-  for path in sorted((out / "runs").glob("*.json")):
-    run = json.loads(path.read_text())
-    runs[run["name"]] = run
   text = report(out, preset, runs, t3)
   env = {
     "machine": platform.machine(),

@@ -1,40 +1,54 @@
 """ALADDIN and its baselines on Ray: ``from optax_lena.aladdin import distributed as ad``.
 
-Parameter-server shards (memory-wise sharding, one Ray actor per shard) and workers run as Ray
-actors; ALADDIN workers push every gradient to every shard without waiting and merge the
-server's ``(x~, alpha)`` whenever a reply has arrived. The same runtime runs AR-SGD (a barrier
-per iteration), ASP and EASGD (symmetric waits), so that every comparison is on one engine.
+Parameter-server shards and workers run as Ray actors; ALADDIN workers push every message to
+every shard without waiting and merge the server's ``(x~, alpha)`` whenever a reply has
+arrived. The same runtime runs AR-SGD (a barrier per iteration), ASP and EASGD (symmetric
+waits) and SGP (push-sum gossip), so that every comparison is on one engine.
 
-Needs the ``distributed`` extra (``pip install 'optax_lena[distributed]'``, which adds Ray);
-the core package never imports Ray. A local run binds every Ray service to 127.0.0.1 and
-starts no dashboard or job-submission API; ``address=`` joins an existing cluster (see
+Needs the ``distributed`` extra (``pip install 'optax_lena[distributed]'``, which adds Ray and
+Orbax); the core package never imports Ray. A local run binds every Ray service to 127.0.0.1
+and starts no dashboard or job-submission API; ``address=`` joins an existing cluster (see
 ``docs/ALADDIN-ray.md`` for its TLS and token settings).
 
 Example::
 
-  task = ad.Task(loss_fn, params, batches, local_tx=al.local_optimizer(0.05),
-                 server_tx=optax.sgd(0.05), batch_size=32)
-  with ad.Runtime(task, ad.Config(algorithm="aladdin", num_workers=4)) as rt:
+  task = ad.Task(loss_fn, params, batches, batch_size=32)
+  spec = al.algorithm("aladdin", worker_tx=al.local_optimizer(0.05))  # the recipe's defaults
+  with ad.Runtime(task, ad.Config(algorithm=spec, num_workers=4)) as rt:
     result = rt.run(time_budget=30.0, eval_fn=accuracy)
-  print(result.throughput, result.wait_fraction)
+  print(result.throughput, result.wait_fraction, result.compute_fraction)
 """
 
-from optax_lena._src.aladdin.ray_runtime import (
-  ALGORITHMS,
+try:
+  import ray as _ray  # noqa: F401
+except ImportError as _err:  # pragma: no cover - depends on the installation
+  raise ImportError(
+    "optax_lena.aladdin.distributed needs Ray: pip install 'optax_lena[distributed]'."
+  ) from _err
+
+from optax_lena._src.aladdin import algorithms as _algorithms
+from optax_lena._src.aladdin.ray import iterations as _iterations  # noqa: F401 - attaches Ray's
+from optax_lena._src.aladdin.ray.bootstrap import connect
+from optax_lena._src.aladdin.ray.config import (
   ClusterLostError,
   Config,
+  Interrupted,
   RunResult,
-  Runtime,
   Task,
-  connect,
 )
+from optax_lena._src.aladdin.ray.driver import Runtime
+from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
+
+ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
 
 __all__ = [
   "ALGORITHMS",
   "ClusterLostError",
   "Config",
+  "Interrupted",
   "RunResult",
   "Runtime",
   "Task",
   "connect",
+  "exit_on_stop_signals",
 ]

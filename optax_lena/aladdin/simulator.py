@@ -3,7 +3,8 @@
 ``from optax_lena.aladdin import simulator as sim``: :func:`simulate` runs the real JAX
 computations of n workers and the parameter server in the order a cluster with the given speeds
 would produce them (or, with ``problem=None``, only their timing); :class:`Cluster` and the
-helpers below are its cost model. See ``docs/ALADDIN.md``, section 5.
+helpers below are its cost model; a :class:`Simulator` keeps one algorithm's compiled functions
+for many runs. See ``docs/ALADDIN.md``, section 5.
 """
 
 from optax_lena._src.aladdin.cluster import (
@@ -22,6 +23,7 @@ from optax_lena._src.aladdin.simulator import (
   EvalPoint,
   Problem,
   SimResult,
+  Simulator,
   algorithm,
   simulate,
 )
@@ -37,6 +39,7 @@ __all__ = [
   "ModelSize",
   "Problem",
   "SimResult",
+  "Simulator",
   "algorithm",
   "calibrated_compute_time",
   "make_cluster",

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_lena._src.aladdin import checks
-from optax_lena._src.aladdin.server import all_finite
+from optax_lena._src.aladdin.server import Reply, adopt, all_finite
 
 PyTree = Any
 
@@ -93,10 +93,10 @@ class ASPState(NamedTuple):
 
 
 class ASPServer(NamedTuple):
-  """ASP (Hogwild) server: ``init(params)``, ``receive(state, grads, worker) -> (state, x~)``."""
+  """ASP (Hogwild) server: ``init(params)``, ``receive(state, grads, worker) -> (state, Reply)``."""
 
   init: Callable[[PyTree], ASPState]
-  receive: Callable[[ASPState, PyTree, Any], tuple[ASPState, PyTree]]
+  receive: Callable[[ASPState, PyTree, Any], tuple[ASPState, Reply]]
 
 
 def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
@@ -113,9 +113,11 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
     server_tx: the Optax transformation applied to every gradient.
 
   Returns:
-    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, params)``, ``params`` the
-    new x~ that the worker adopts. ``worker`` is accepted for the interface of the other servers
-    and not used.
+    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, reply)``, the same
+    :class:`Reply` as ALADDIN's server: ``reply.params`` is the new x~, ``reply.alpha`` 1 and
+    ``reply.ready`` True, so ``worker_merge(x, reply.params, reply.alpha)`` adopts x~ exactly.
+    ``worker`` is accepted for the interface of the other servers and not used. (Before the
+    servers shared one reply type, ``receive`` returned x~ itself: read ``reply.params``.)
 
   References:
     Recht et al., Hogwild!, NeurIPS 2011; Ko et al., ALADDIN, CIKM 2021, Section 4 (ASP).
@@ -130,7 +132,7 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
     zero = jnp.zeros([], jnp.int32)
     return ASPState(params, server_tx.init(params), zero, zero)
 
-  def receive_fn(state: ASPState, grads: PyTree, worker: Any = 0) -> tuple[ASPState, PyTree]:
+  def receive_fn(state: ASPState, grads: PyTree, worker: Any = 0) -> tuple[ASPState, Reply]:
     del worker
     checks.check_like_params(
       grads, state.params, "grads", "Send the gradient of the server's parameter pytree."
@@ -148,7 +150,7 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
       num_rejected=state.num_rejected + jnp.where(finite, 0, 1).astype(jnp.int32),
       num_updates=state.num_updates + finite.astype(jnp.int32),
     )
-    return state, state.params
+    return state, adopt(state.params)
 
   return ASPServer(init_fn, receive_fn)
 
@@ -164,13 +166,15 @@ class EASGDState(NamedTuple):
 
 
 class EASGDServer(NamedTuple):
-  """EASGD server: ``init(params)``, ``exchange(state, local_params, worker)``."""
+  """EASGD server: ``init(params)``, ``receive(state, local_params, worker) -> (state, Reply)``
+  (``exchange``: the same, returning the new local model itself)."""
 
   init: Callable[[PyTree], EASGDState]
   exchange: Callable[[EASGDState, PyTree, Any], tuple[EASGDState, PyTree]]
   num_workers: int
   beta: float
   tau: int
+  receive: Callable[[EASGDState, PyTree, Any], tuple[EASGDState, Reply]]
 
 
 def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -> EASGDServer:
@@ -190,8 +194,12 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     tau: the communication period in local steps (>= 1); kept on the server for the caller.
 
   Returns:
-    An :class:`EASGDServer`; ``exchange(state, local_params, worker) -> (state,
-    new_local_params)`` (leaf dtypes preserved; the computation is in float32 or wider).
+    An :class:`EASGDServer`; ``receive(state, local_params, worker) -> (state, reply)`` with the
+    same :class:`Reply` as ALADDIN's server: ``reply.params`` the worker's new local model,
+    ``reply.alpha`` 1, ``reply.ready`` True (``worker_merge`` then adopts it exactly);
+    ``exchange(state, local_params, worker) -> (state, new_local_params)`` is the same step
+    returning the model itself. Leaf dtypes are preserved; the computation is in float32 or
+    wider.
 
   References:
     Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015
@@ -230,7 +238,11 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     center = jax.tree.unflatten(treedef, [p[1] for p in pairs])
     return EASGDState(center, state.num_exchanges + 1), new_local
 
-  return EASGDServer(init_fn, exchange_fn, num_workers, beta, tau)
+  def receive_fn(state: EASGDState, local_params: PyTree, worker: Any) -> tuple[EASGDState, Reply]:
+    state, new_local = exchange_fn(state, local_params, worker)
+    return state, adopt(new_local)
+
+  return EASGDServer(init_fn, exchange_fn, num_workers, beta, tau, receive_fn)
 
 
 # -------------------------------------------------------------------------------------- SGP

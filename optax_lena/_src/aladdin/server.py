@@ -51,11 +51,13 @@ class ServerState(NamedTuple):
 
 
 class Reply(NamedTuple):
-  """The server's answer to one gradient message.
+  """A server's answer to one message: the one reply type of every server (ALADDIN's, ASP's,
+  EASGD's), applied by the worker as ``worker_merge(x, reply.params, reply.alpha)``.
 
   Attributes:
-    ready: bool scalar, True when this message triggered a global update: the worker should then
-      merge ``params`` into its local model with weight ``alpha`` (Eq. 3, :func:`worker_merge`).
+    ready: bool scalar, True when the worker should merge ``params`` into its local model with
+      weight ``alpha`` (Eq. 3, :func:`worker_merge`): for ALADDIN, when this message triggered a
+      global update; ASP and EASGD always answer (weight 1: the worker adopts ``params``).
     params: the global model x~ after this message: the new x~ when ``ready``, else the current,
       unchanged x~ (never stale or uninitialised memory; a real server would not send it).
     alpha: float32 scalar, the merge weight alpha_i when ``ready``, else 0.0, so that
@@ -71,7 +73,10 @@ class ParameterServer(NamedTuple):
   """A parameter server: ``init(params) -> state``, ``receive(state, grads, worker)``.
 
   The configuration (``num_workers``, ``period``, ``normalise``, ``alpha``) is kept for
-  inspection; ``receive`` is pure and jittable.
+  inspection; ``receive`` and ``serve`` are pure and jittable. ``serve(state, grads, worker)
+  -> (state, ready, alpha)`` is ``receive`` for a server loop that jits it with the state
+  donated: the reply's model is ``state.params`` when ``ready``, so no message pays a copy of x~
+  (a jitted function that returns x~ twice, in the state and in the reply, must copy it).
   """
 
   init: Callable[[PyTree], ServerState]
@@ -80,6 +85,13 @@ class ParameterServer(NamedTuple):
   period: int
   normalise: str
   alpha: str | float
+  serve: Callable[[ServerState, PyTree, Any], tuple[ServerState, jax.Array, jax.Array]]
+
+
+def adopt(params: PyTree) -> Reply:
+  """The reply of a symmetric server (ASP, EASGD): ready, weight 1, so that
+  ``worker_merge(x, reply.params, reply.alpha)`` returns ``params`` exactly."""
+  return Reply(ready=jnp.asarray(True), params=params, alpha=jnp.ones([], jnp.float32))
 
 
 def accumulator_dtype(dtype: Any) -> Any:
@@ -155,8 +167,10 @@ def parameter_server(
   does not trigger costs one pass over the gradient (the finiteness check) and one in-place
   accumulation, and a trigger adds one server step. Jitted with the state donated, a jitted
   caller that also returns ``reply.params`` pays one copy of x~ per message (two outputs cannot
-  share a buffer); a server loop can instead read the new x~ from ``state.params``.
-  ``benchmarks/aladdin/receive_cost.py`` measures both against an ``optax.sgd`` step.
+  share a buffer); a server loop uses ``serve`` instead and reads the new x~ from
+  ``state.params``. Sending the message as one contiguous array (a server initialised with the
+  flattened parameters) makes each pass one kernel instead of one per leaf.
+  ``benchmarks/aladdin/receive_cost.py`` measures these against an ``optax.sgd`` step.
 
   Args:
     num_workers: n, the number of workers (indices ``0 .. n-1``).
@@ -171,9 +185,10 @@ def parameter_server(
     alpha: ``"count"``, ``"n_pi"`` or a float in [0, 1] (see above).
 
   Returns:
-    A :class:`ParameterServer` with ``init(params) -> ServerState`` and
-    ``receive(state, grads, worker) -> (state, Reply)``; ``worker`` is a Python int or an int32
-    scalar (traced under ``jit``).
+    A :class:`ParameterServer` with ``init(params) -> ServerState``,
+    ``receive(state, grads, worker) -> (state, Reply)`` and ``serve(state, grads, worker) ->
+    (state, ready, alpha)`` (the same step; x~ is ``state.params``); ``worker`` is a Python int
+    or an int32 scalar (traced under ``jit``).
 
   References:
     Ko et al., ALADDIN, CIKM 2021: Algorithm 2 (server), Algorithm 1 (worker), Eq. 3 (merge),
@@ -294,6 +309,9 @@ def build_server(
     )
     return new_state, reply
 
-  return ParameterServer(init_fn, receive_fn, num_workers, period, normalise, alpha), (
-    receive_accepting
-  )
+  def serve_fn(state: ServerState, grads: PyTree, worker: Any):
+    state, reply = receive_accepting(state, grads, worker, None)
+    return state, reply.ready, reply.alpha
+
+  server = ParameterServer(init_fn, receive_fn, num_workers, period, normalise, alpha, serve_fn)
+  return server, receive_accepting

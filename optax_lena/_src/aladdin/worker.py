@@ -90,31 +90,58 @@ def local_optimizer(
   )
 
 
+MESSAGES = ("update", "gradient")
+
+
+def check_message(message: Any) -> str:
+  """``message`` is ``"update"`` or ``"gradient"`` (an error that names both otherwise)."""
+  if message not in MESSAGES:
+    raise ValueError(
+      f"message must be 'update' (the worker sends its own displacement x_before - x_after, "
+      f"momentum and weight decay included; serve it with server_tx=optax.sgd(1.0)) or "
+      f"'gradient' (the raw mini-batch gradient, Algorithm 1 as printed; serve it with "
+      f"server_tx=optax.sgd(eta)), got {message!r}."
+    )
+  return message
+
+
 def local_step(
   loss_fn: Callable[..., Any],
   tx: optax.GradientTransformation,
   *,
+  message: str = "gradient",
   has_aux: bool = False,
 ) -> Callable[[PyTree, optax.OptState, Any], tuple[PyTree, optax.OptState, PyTree, Any]]:
-  """The worker's iteration of Algorithm 1 (lines 1-2): mini-batch gradient and self-update.
+  """The worker's iteration of Algorithm 1 (lines 1-3): mini-batch gradient, self-update, message.
 
-  Returns a pure, jittable ``step(params, opt_state, batch) -> (params, opt_state, grads,
-  loss)``: ``grads`` is the raw gradient of ``loss_fn(params, batch)`` at the parameters before
-  the update -- the message to send to the server (line 3) -- and ``params`` the local model
-  after the self-update ``x_i <- x_i + tx(g)`` (line 2). Sending does not wait for anything;
-  merging a reply is :func:`worker_merge` (line 4). The same function serves the simulator and
-  any runtime that moves the gradient elsewhere.
+  Returns a pure, jittable ``step(params, opt_state, batch) -> (params, opt_state, message,
+  loss)``: ``params`` is the local model after the self-update ``x_i <- x_i + tx(g)`` (line 2)
+  and ``message`` what the worker pushes to the server (line 3):
+
+  * ``"gradient"`` (Algorithm 1 as printed; the default of this low-level piece): the raw
+    gradient ``g`` of ``loss_fn(params, batch)`` at the parameters before the update. The
+    server steps on it with ``server_tx`` (``optax.sgd(eta)``: the printed plain step).
+  * ``"update"``: the worker's own displacement ``u = x_before - x_after`` of this step, momentum
+    and weight decay included. Served by ``optax.sgd(1.0)`` with ``normalise="mean_of_locals"``,
+    the global model moves by ``(1/n) sum u``: it stays the average of the local models between
+    merges (Lemma 1), whatever the workers' optimizer. This is the recommended recipe (the
+    algorithm specs of ``optax_lena.aladdin`` default to it); with plain-SGD workers and
+    ``optax.sgd(eta)`` the two modes are the same algorithm (up to rounding).
+
+  Sending does not wait for anything; merging a reply is :func:`worker_merge` (line 4). The same
+  function serves the simulator and any runtime that moves the message elsewhere.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> loss`` (a scalar; with ``has_aux``, ``(loss, aux)``).
     tx: the local optimizer, any Optax transformation (the paper's: :func:`local_optimizer`).
+    message: ``"gradient"`` or ``"update"`` (see above).
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``; ``loss`` is then that pair.
 
   Returns:
     The step function.
 
   References:
-    Ko et al., ALADDIN, CIKM 2021: Algorithm 1 (worker).
+    Ko et al., ALADDIN, CIKM 2021: Algorithm 1 (worker), Lemma 1.
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable as loss_fn(params, batch), got {loss_fn!r}.")
@@ -123,11 +150,17 @@ def local_step(
       f"tx must be an Optax GradientTransformation (e.g. al.local_optimizer(0.1)), got "
       f"{type(tx).__name__}."
     )
+  send_update = check_message(message) == "update"
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=has_aux)
 
   def step(params, opt_state, batch):
     loss, grads = value_and_grad(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, grads, loss
+    new_params = optax.apply_updates(params, updates)
+    if send_update:
+      # The displacement actually taken (not -updates): x_before - x_after, so that the server's
+      # sum of messages is exactly what the local models moved, rounding included.
+      return new_params, opt_state, jax.tree.map(jnp.subtract, params, new_params), loss
+    return new_params, opt_state, grads, loss
 
   return step

@@ -1,0 +1,221 @@
+"""How close ALADDIN on Ray comes to the machine's limit (``docs/ALADDIN-ray.md``, efficiency).
+
+Two measurements, each side by side in one run and repeated (the machine is shared: ratios, not
+absolute times):
+
+* ``single``: the limit of one worker is its local step alone (the same model, batch, optimizer
+  and data iterator in a loop in this process, no Ray, no server). Efficiency = samples/s of
+  ALADDIN on Ray with that one worker / samples/s of that loop, alternating loop and Ray run
+  ``--repeats`` times per batch size. Also the CPU seconds the worker and the shard processes
+  spent per iteration against the loop's (what the shard costs on a machine without spare cores).
+* ``cluster``: 4 ALADDIN workers and the PS on this machine with the program's default settings
+  (``python -m examples.aladdin``: batch 128, the runtime's default priority), against the same
+  with the workers at the shards' priority (``worker_nice=0``): each worker's wait and compute
+  fractions and the throughput.
+
+Usage::
+
+  python -m benchmarks.aladdin.ray_efficiency --out benchmarks/aladdin/ray/efficiency.json
+  python -m benchmarks.aladdin.ray_efficiency --smoke --out /tmp/efficiency.json   # CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _cpu_seconds(pid: int) -> float:
+  import psutil
+
+  times = psutil.Process(pid).cpu_times()
+  return times.user + times.system
+
+
+def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
+  """The limit: the worker's step (``spec.worker_step``) in a plain loop, with its data."""
+  import jax
+
+  step = jax.jit(spec.worker_step(task.loss_fn))
+  batches = task.batches(0, 0)
+  params, opt_state = task.init_params, spec.worker_tx.init(task.init_params)
+  jax.block_until_ready(step(params, opt_state, next(batches)))
+  cpu0, n, t0 = time.process_time(), 0, time.perf_counter()
+  while time.perf_counter() - t0 < seconds:
+    params, opt_state, message, _ = step(params, opt_state, next(batches))
+    jax.block_until_ready(message)
+    n += 1
+  wall = time.perf_counter() - t0
+  return {
+    "throughput": n * task.batch_size / wall,
+    "cpu_per_iteration": (time.process_time() - cpu0) / n,
+  }
+
+
+def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
+  """Loop and one Ray worker, alternately, ``repeats`` times; the ratios of each pair."""
+  from examples.aladdin.main import Options, algorithm_spec, runtime_config
+  from examples.aladdin.task import TaskOptions, build_task
+  from optax_lena.aladdin import distributed as ad
+
+  options = Options(task=TaskOptions(workers=1, batch_size=batch_size))
+  task, _ = build_task(options.task)
+  spec = algorithm_spec("aladdin", options)
+  pairs = []
+  with ad.Runtime(task, runtime_config("aladdin", options)) as runtime:
+    pids = [runtime.worker_infos()[0]["pid"], runtime.shard_stats()[0]["pid"]]
+    for _ in range(repeats):
+      loop = local_loop(task, spec, seconds)
+      cpu0 = [_cpu_seconds(p) for p in pids]
+      result = runtime.run(seconds, progress=False)
+      cpu = [_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+      its = result.iterations[0]
+      pairs.append(
+        {
+          "loop": loop["throughput"],
+          "ray": result.throughput,
+          "efficiency": result.throughput / loop["throughput"],
+          "compute_fraction": result.compute_fraction[0],
+          "wait_fraction": result.wait_fraction[0],
+          "loop_cpu_per_iteration": loop["cpu_per_iteration"],
+          "worker_cpu_per_iteration": cpu[0] / its,
+          "shard_cpu_per_iteration": cpu[1] / its,
+          "messages_per_call": result.shards[0]["received"] / max(result.shards[0]["calls"], 1),
+          "load_average": os.getloadavg()[0],
+        }
+      )
+      print(f"  batch {batch_size}: " + _line(pairs[-1]), flush=True)
+  return {"batch_size": batch_size, "seconds": seconds, "pairs": pairs}
+
+
+def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True) -> dict[str, Any]:
+  """The program's defaults with 4 workers, against the workers at the shards' priority."""
+  import dataclasses
+
+  from examples.aladdin.main import Options, runtime_config
+  from examples.aladdin.task import TaskOptions, build_task
+  from optax_lena.aladdin import distributed as ad
+
+  options = Options(task=TaskOptions(workers=workers))
+  task, _ = build_task(options.task)
+  runs: dict[str, list[dict[str, Any]]] = {"default": []}
+  if compare:
+    runs["worker_nice=0"] = []
+  for _ in range(repeats):
+    for label in runs:
+      config = runtime_config("aladdin", options)
+      if label != "default":
+        config = dataclasses.replace(config, worker_nice=0)
+      with ad.Runtime(task, config) as runtime:
+        result = runtime.run(seconds, progress=False)
+      runs[label].append(
+        {
+          "throughput": result.throughput,
+          "wait_fraction": result.wait_fraction,
+          "compute_fraction": result.compute_fraction,
+          "iterations": result.iterations,
+          "nice": [w["nice"] for w in result.workers],
+          "messages_per_call": result.shards[0]["received"] / max(result.shards[0]["calls"], 1),
+          "load_average": os.getloadavg()[0],
+        }
+      )
+      r = runs[label][-1]
+      print(
+        f"  {label:<14} {r['throughput']:8.0f} samples/s  wait % "
+        f"{[round(100 * w, 1) for w in r['wait_fraction']]}  nice {r['nice']}",
+        flush=True,
+      )
+  return {"workers": workers, "seconds": seconds, "runs": runs}
+
+
+def _line(pair: dict[str, Any]) -> str:
+  return (
+    f"loop {pair['loop']:7.0f}  ray {pair['ray']:7.0f} samples/s  efficiency "
+    f"{pair['efficiency']:.2f}  compute {pair['compute_fraction']:.2f}  wait "
+    f"{pair['wait_fraction']:.3f}  cpu/it loop {1e3 * pair['loop_cpu_per_iteration']:.2f} ms, "
+    f"worker {1e3 * pair['worker_cpu_per_iteration']:.2f}, shard "
+    f"{1e3 * pair['shard_cpu_per_iteration']:.2f}  ({pair['messages_per_call']:.1f} msg/call)"
+  )
+
+
+def table(results: dict[str, Any]) -> str:
+  """Markdown: the median and range of every ratio."""
+
+  def stat(values: list[float], fmt: str = ".2f") -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+  lines = [
+    "| batch | efficiency | compute fraction | worker CPU / loop CPU | shard CPU / loop CPU |"
+    " messages per call |",
+    "|---|---|---|---|---|---|",
+  ]
+  for s in results["single"]:
+    p = s["pairs"]
+    loop_cpu = [x["loop_cpu_per_iteration"] for x in p]
+    lines.append(
+      f"| {s['batch_size']} | {stat([x['efficiency'] for x in p])} | "
+      f"{stat([x['compute_fraction'] for x in p])} | "
+      f"{stat([x['worker_cpu_per_iteration'] / c for x, c in zip(p, loop_cpu, strict=True)])} | "
+      f"{stat([x['shard_cpu_per_iteration'] / c for x, c in zip(p, loop_cpu, strict=True)])} | "
+      f"{stat([x['messages_per_call'] for x in p], '.1f')} |"
+    )
+  if "cluster" in results:
+    lines += [
+      "",
+      "| 4 workers | samples/s | max wait % of a worker | compute % per worker |",
+      "|---|---|---|---|",
+    ]
+    for label, runs in results["cluster"]["runs"].items():
+      for r in runs:
+        lines.append(
+          f"| {label} (nice {r['nice'][0]}) | {r['throughput']:.0f} | "
+          f"{100 * max(r['wait_fraction']):.1f} | "
+          f"{' '.join(f'{100 * c:.0f}' for c in r['compute_fraction'])} |"
+        )
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+  parser.add_argument("--batch_sizes", type=int, nargs="+", default=[128, 32])
+  parser.add_argument("--seconds", type=float, default=5.0, help="per loop and per Ray run")
+  parser.add_argument("--repeats", type=int, default=4)
+  parser.add_argument("--cluster_seconds", type=float, default=20.0)
+  parser.add_argument("--cluster_repeats", type=int, default=2)
+  parser.add_argument("--workers", type=int, default=4, help="of the cluster measurement")
+  parser.add_argument("--smoke", action="store_true", help="seconds-long runs (CI)")
+  parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of the local Ray node")
+  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/ray/efficiency.json"))
+  args = parser.parse_args()
+  if args.smoke:
+    args.batch_sizes, args.seconds, args.repeats = [32], 1.0, 1
+    args.cluster_seconds, args.cluster_repeats, args.workers = 2.0, 1, 2
+
+  from optax_lena.aladdin import distributed as ad
+
+  ad.exit_on_stop_signals()
+  ad.connect(num_cpus=args.num_cpus)
+  results: dict[str, Any] = {
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "load_average_at_start": os.getloadavg(),
+    },
+    "single": [single(b, args.seconds, args.repeats) for b in args.batch_sizes],
+  }
+  results["cluster"] = cluster(
+    args.cluster_seconds, args.cluster_repeats, args.workers, compare=not args.smoke
+  )
+  args.out.parent.mkdir(parents=True, exist_ok=True)
+  args.out.write_text(json.dumps(results, indent=1))
+  print(table(results))
+
+
+if __name__ == "__main__":
+  main()

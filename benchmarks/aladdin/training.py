@@ -1,0 +1,157 @@
+"""The training problem and simulated cluster the ALADDIN studies share (MNIST-1D, CNN1D).
+
+``make_problem`` builds the example CNN on MNIST-1D (one data draw for every run, the model
+initialised from the run's seed); ``training_cluster`` scales the paper's ResNet-50 cluster to
+it, so that communication weighs on the small CNN as it did on ResNet-50.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from examples import input_pipeline
+from examples.models import CNN1D
+from optax_lena._src.aladdin import cluster as cl
+from optax_lena.aladdin import simulator as sim
+
+ALGORITHMS = sim.ALGORITHMS
+CLUSTERS = ("HO", "HE0", "HE1", "HE2")
+LABELS = {"aladdin": "ALADDIN", "ar_sgd": "AR-SGD", "asp": "ASP", "easgd": "EASGD", "sgp": "SGP"}
+# The training cluster reproduces the ResNet-50 paper cluster's ratios (see training_cluster).
+REFERENCE_MODEL = "ResNet-50"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """Sizes of the study."""
+
+  num_samples: int  # MNIST-1D examples before the 80/20 split
+  batch_size: int  # per worker
+  epochs: float  # the sample budget of every run, in passes over the training set
+  lr: float  # the workers' (and one-gradient) learning rate
+  ar_lr: float  # AR-SGD's rate on the mean of n gradients
+  num_workers: int
+  seeds: tuple[int, ...]
+  clusters: tuple[str, ...]  # Table 2's clusters
+  study_cluster: str  # where the ablation, period and choices run
+  choice_seeds: tuple[int, ...]
+  num_evals: int
+  width: int  # CNN1D features
+  jitter: float = 0.1  # +-10% per-iteration compute time: equal workers drift out of phase
+
+
+PRESETS = {
+  "default": Preset(
+    num_samples=5000,
+    batch_size=32,
+    epochs=15,
+    lr=0.1,
+    ar_lr=0.2,
+    num_workers=8,
+    seeds=(0, 1, 2),
+    clusters=("HO", "HE1", "HE2"),
+    study_cluster="HE1",
+    choice_seeds=(0,),
+    num_evals=15,
+    width=32,
+  ),
+  "smoke": Preset(
+    num_samples=1000,
+    batch_size=16,
+    epochs=1,
+    lr=0.05,
+    ar_lr=0.2,
+    num_workers=4,
+    seeds=(0,),
+    clusters=("HE1",),
+    study_cluster="HE1",
+    choice_seeds=(0,),
+    num_evals=3,
+    width=8,
+  ),
+}
+
+
+_PROBLEMS: dict[tuple, sim.Problem] = {}
+_TXS: dict[tuple, Any] = {}
+
+
+def make_problem(preset: Preset, seed: int, cache_dir: Path) -> sim.Problem:
+  """MNIST-1D (data seed 0, the same draw for every run) and CNN1D initialised from ``seed``.
+
+  The loss and accuracy functions are shared by every problem of one preset, so the simulator's
+  jitted functions are compiled once per algorithm configuration, not once per run."""
+  key = (preset, seed)
+  if key in _PROBLEMS:
+    return _PROBLEMS[key]
+  data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=preset.num_samples)
+  model, fns = _model_fns(preset)
+  params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 40)))["params"]
+  problem = sim.Problem(
+    params, fns[0], fns[1], data["x_train"], data["y_train"], data["x_test"], data["y_test"]
+  )
+  _PROBLEMS[key] = problem
+  return problem
+
+
+def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:
+  key = ("model", preset.width)
+  if key not in _TXS:
+    model = CNN1D(features=preset.width)
+
+    def loss_fn(params, batch):
+      x, y = batch
+      logits = model.apply({"params": params}, x)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    def accuracy_fn(params, batch):
+      x, y = batch
+      return jnp.mean(jnp.argmax(model.apply({"params": params}, x), -1) == y)
+
+    _TXS[key] = (model, (loss_fn, accuracy_fn))
+  return _TXS[key]
+
+
+def training_cluster(preset: Preset, name: str, model_bytes: float) -> cl.Cluster:
+  """The simulated cluster of the MNIST-1D runs, scaled from the paper's ResNet-50 cluster.
+
+  One time unit is a worker's iteration. The wire time of a message, the PS's processing time
+  and the latency are those of ResNet-50 on the paper's cluster divided by its compute time, so
+  communication weighs on the small CNN exactly as it did on ResNet-50. Training runs one PS
+  (the simulator does not split the server's computation); its NIC and processing are those of
+  the paper's four shards together (4x a worker NIC's bandwidth, a quarter of the cost per
+  byte).
+  """
+  ref = cl.PAPER_MODELS[REFERENCE_MODEL]
+  paper = cl.paper_cluster(ref.compute_time)
+  wire_ratio = paper.wire_time(ref.nbytes) / ref.compute_time
+  ps_ratio = paper.ps_time(ref.nbytes, update=False) / ref.compute_time
+  bandwidth = model_bytes / wire_ratio
+  return cl.make_cluster(
+    preset.num_workers,
+    1.0,
+    slowdown=cl.PAPER_SLOWDOWNS[name],
+    bandwidth=bandwidth,
+    latency=paper.latency / ref.compute_time,
+    ps_cost_per_byte=ps_ratio / model_bytes / paper.num_shards,
+    ps_bandwidth=bandwidth * paper.num_shards,
+    num_shards=1,
+    workers_per_machine=2,
+    ps_colocated=False,
+    jitter=preset.jitter,
+  )
+
+
+def save_figure(fig: Any, path: Path) -> None:
+  """Writes ``fig`` as PNG and closes it."""
+  import matplotlib.pyplot as plt
+
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

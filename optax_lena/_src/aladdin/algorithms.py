@@ -1,0 +1,365 @@
+"""One description of every training algorithm, shared by the simulator and the Ray runtime.
+
+An algorithm is a frozen, validated spec (:class:`Aladdin`, :class:`ArSgd`, :class:`Asp`,
+:class:`Easgd`, :class:`Sgp`) with one spelling of every option for every engine, and the
+registry (:func:`register`, :func:`algorithm`, :func:`entry`) is the one table that maps a name
+to its spec. An engine attaches its own piece to a registry entry (the simulator its process,
+the Ray runtime its worker iteration function: :meth:`Entry.attach`), so adding an algorithm is
+its pure pieces (a spec, and a server if it has one) plus one piece per engine, nothing else.
+
+The defaults of :class:`Aladdin` are the recommended recipe (``docs/ALADDIN.md``); the printed
+paper (Algorithms 1 and 2 read literally) is ``message="gradient", server_tx=optax.sgd(eta),
+alpha="count"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+import optax
+
+from optax_lena._src.aladdin import checks
+from optax_lena._src.aladdin.worker import check_message, local_step
+
+PyTree = Any
+
+
+class Server(Protocol):
+  """What every parameter server offers (ALADDIN's, ASP's, EASGD's)."""
+
+  def init(self, params: PyTree) -> Any: ...
+
+  def receive(self, state: Any, message: PyTree, worker: Any) -> tuple[Any, Any]: ...
+
+
+def _check_tx(tx: Any, field: str, example: str) -> None:
+  if tx is not None and not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(
+      f"{field} must be an Optax GradientTransformation (e.g. {example}) or None, got "
+      f"{type(tx).__name__}."
+    )
+
+
+def _check_positive_int(value: Any, field: str, meaning: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}.")
+  return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Spec:
+  """The options every algorithm has (subclass per algorithm; build with :func:`algorithm`).
+
+  Attributes:
+    worker_tx: the workers' optimizer (``al.local_optimizer(eta)`` is the paper's). Needed to
+      train (not in the simulator's timing-only mode); unused by ASP.
+    label: a display name (empty: the algorithm's name).
+  """
+
+  name: ClassVar[str]
+  uses_worker_tx: ClassVar[bool] = True
+
+  worker_tx: optax.GradientTransformation | None = None
+  label: str = ""
+
+  def __post_init__(self) -> None:
+    _check_tx(self.worker_tx, "worker_tx", "al.local_optimizer(0.1)")
+    if not isinstance(self.label, str):
+      raise TypeError(f"label must be a str, got {self.label!r}.")
+
+  @classmethod
+  def option_names(cls) -> tuple[str, ...]:
+    """The options this algorithm accepts (its fields)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+  @property
+  def display_name(self) -> str:
+    return self.label or self.name
+
+  def check_trainable(self) -> None:
+    """Raises, naming the missing option, when this spec cannot train (only time)."""
+    if self.uses_worker_tx and self.worker_tx is None:
+      raise ValueError(
+        f"Training {self.name} needs the workers' optimizer: algorithm({self.name!r}, "
+        f"worker_tx=al.local_optimizer(0.1)) (any Optax transformation)."
+      )
+
+  def server(self, num_workers: int) -> Server | None:
+    """The parameter server of this algorithm for ``num_workers`` workers (None: it has none)."""
+    del num_workers
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Aladdin(Spec):
+  """ALADDIN (Algorithms 1 and 2): wait-free pushes, lazy global updates every ``period``.
+
+  The defaults are the recommended recipe (measured in the simulator; ``docs/ALADDIN.md``).
+
+  Attributes:
+    message: what a worker sends: ``"update"`` (its own displacement x_before - x_after, the
+      recipe) or ``"gradient"`` (the raw gradient, Algorithm 1 as printed).
+    server_tx: the server's optimizer on the normalised accumulated messages. None: the one
+      that fits ``message``: ``optax.sgd(1.0)`` for updates (the global model moves by the mean
+      of the local displacements); gradient messages need one (``optax.sgd(eta)`` is the
+      printed step).
+    period: pi, the server replies to a worker once every ``period`` of its messages.
+    normalise: ``"sum"``, ``"mean"`` or ``"mean_of_locals"`` (see ``al.parameter_server``).
+    alpha: the merge weight: ``"count"`` (Algorithm 2), ``"n_pi"`` (Section 3.2) or a float.
+    reply_every: forward the server's reply to a worker only once every ``reply_every`` of its
+      messages (None: every reply); with ``period=1`` this is ALADDIN without its lazy global
+      update (the ablation's L2).
+  """
+
+  name: ClassVar[str] = "aladdin"
+
+  server_tx: optax.GradientTransformation | None = None
+  message: str = "update"
+  period: int = 4
+  normalise: str = "mean_of_locals"
+  alpha: str | float = 0.5
+  reply_every: int | None = None
+
+  def __post_init__(self) -> None:
+    super().__post_init__()
+    _check_tx(self.server_tx, "server_tx", "optax.sgd(1.0)")
+    check_message(self.message)
+    checks.check_period(self.period)
+    checks.check_normalise(self.normalise)
+    object.__setattr__(self, "alpha", checks.check_alpha(self.alpha))
+    if self.reply_every is not None:
+      _check_positive_int(self.reply_every, "reply_every", "messages between forwarded replies")
+
+  @property
+  def resolved_server_tx(self) -> optax.GradientTransformation:
+    """``server_tx``, or the default for ``message`` (raises when there is none)."""
+    if self.server_tx is not None:
+      return self.server_tx
+    if self.message == "update":
+      return optax.sgd(1.0)
+    raise ValueError(
+      "ALADDIN with message='gradient' needs server_tx, the server's step on the accumulated "
+      "gradients: server_tx=optax.sgd(eta) is Algorithm 2's plain step (the paper's literal "
+      "reading: message='gradient', server_tx=optax.sgd(eta), alpha='count'); or use "
+      "message='update', whose server needs no learning rate."
+    )
+
+  def check_trainable(self) -> None:
+    super().check_trainable()
+    self.resolved_server_tx  # noqa: B018 -- raises for gradient messages without a server_tx
+
+  def server(self, num_workers: int) -> Server:
+    from optax_lena._src.aladdin.server import parameter_server
+
+    return parameter_server(
+      num_workers,
+      self.resolved_server_tx,
+      period=self.period,
+      normalise=self.normalise,
+      alpha=self.alpha,
+    )
+
+  def worker_step(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The worker's pure step ``(params, opt_state, batch) -> (params, opt_state, message,
+    loss)`` (``al.local_step`` with this spec's ``message``)."""
+    self.check_trainable()
+    assert self.worker_tx is not None
+    return local_step(loss_fn, self.worker_tx, message=self.message)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArSgd(Spec):
+  """AR-SGD: a barrier every iteration, ``worker_tx`` steps on the mean of the n gradients."""
+
+  name: ClassVar[str] = "ar_sgd"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Asp(Spec):
+  """ASP (Hogwild): a worker sends its gradient and adopts the server's answer.
+
+  Attributes:
+    server_tx: the server's optimizer, applied to every gradient at once (``optax.sgd(eta)``:
+      the printed step; the paper's server ran momentum SGD).
+  """
+
+  name: ClassVar[str] = "asp"
+  uses_worker_tx: ClassVar[bool] = False
+
+  server_tx: optax.GradientTransformation | None = None
+
+  def __post_init__(self) -> None:
+    super().__post_init__()
+    _check_tx(self.server_tx, "server_tx", "optax.sgd(0.1, momentum=0.9)")
+    if self.worker_tx is not None:
+      raise ValueError(
+        "ASP's workers have no optimizer (they send gradients and adopt the server's model): "
+        "pass the optimizer as server_tx, e.g. algorithm('asp', server_tx=optax.sgd(0.1, "
+        "momentum=0.9))."
+      )
+
+  def check_trainable(self) -> None:
+    if self.server_tx is None:
+      raise ValueError(
+        "Training asp needs the server's optimizer: algorithm('asp', server_tx=optax.sgd(0.1, "
+        "momentum=0.9)) (ASP's workers have none)."
+      )
+
+  def server(self, num_workers: int) -> Server:
+    from optax_lena._src.aladdin.baselines import asp_server
+
+    del num_workers
+    self.check_trainable()
+    assert self.server_tx is not None
+    return asp_server(self.server_tx)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Easgd(Spec):
+  """EASGD: local steps; every ``tau`` of them a symmetric elastic exchange with the server.
+
+  Attributes:
+    tau: local steps between exchanges (the paper: 2).
+    beta: the elastic moving rate in (0, 1] (None: 0.9 / n, the paper's).
+  """
+
+  name: ClassVar[str] = "easgd"
+
+  tau: int = 2
+  beta: float | None = None
+
+  def __post_init__(self) -> None:
+    super().__post_init__()
+    _check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
+    if self.beta is not None and (isinstance(self.beta, bool) or not 0.0 < float(self.beta) <= 1.0):
+      raise ValueError(
+        f"beta must be None (0.9 / n, the paper's) or in (0, 1] (the elastic moving rate), got "
+        f"{self.beta!r}."
+      )
+
+  def server(self, num_workers: int) -> Server:
+    from optax_lena._src.aladdin.baselines import easgd_server
+
+    return easgd_server(num_workers, beta=self.beta, tau=self.tau)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sgp(Spec):
+  """SGP: push-sum gossip over a directed exponential graph (no server).
+
+  Attributes:
+    overlap: 1 (a worker mixes the message sent to it one iteration earlier; the paper's) or 0.
+  """
+
+  name: ClassVar[str] = "sgp"
+
+  overlap: int = 1
+
+  def __post_init__(self) -> None:
+    super().__post_init__()
+    if self.overlap not in (0, 1) or isinstance(self.overlap, bool):
+      raise ValueError(
+        f"overlap must be 0 or 1 (iterations a gossip message may stay in flight), got "
+        f"{self.overlap!r}."
+      )
+
+  def gossip(self, num_workers: int) -> Any:
+    """The push-sum pieces (``al.sgp``) for ``num_workers`` workers."""
+    from optax_lena._src.aladdin.baselines import sgp
+
+    return sgp(num_workers, overlap=self.overlap)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry: the one table from a name to its algorithm
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Entry:
+  """One registered algorithm: its spec class and the piece each engine attached to it."""
+
+  spec: type[Spec]
+  engines: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def attach(self, engine: str, piece: Any) -> None:
+    """Attaches an engine's implementation (e.g. ``"simulator"``: its process class)."""
+    if engine in self.engines and self.engines[engine] is not piece:
+      raise ValueError(f"{self.spec.name!r} already has a {engine} implementation.")
+    self.engines[engine] = piece
+
+  def engine(self, engine: str) -> Any:
+    """The piece ``engine`` attached (an error naming the fix if there is none)."""
+    if engine not in self.engines:
+      raise ValueError(
+        f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
+        f"{engine_names(engine)}."
+      )
+    return self.engines[engine]
+
+
+_REGISTRY: dict[str, Entry] = {}
+
+
+def register(spec: type[Spec]) -> type[Spec]:
+  """Registers an algorithm's spec class under its ``name`` (usable as a class decorator)."""
+  if not (isinstance(spec, type) and issubclass(spec, Spec)) or not isinstance(
+    getattr(spec, "name", None), str
+  ):
+    raise TypeError("register takes a Spec subclass with a class attribute name: ClassVar[str].")
+  if spec.name in _REGISTRY and _REGISTRY[spec.name].spec is not spec:
+    raise ValueError(f"An algorithm named {spec.name!r} is already registered.")
+  _REGISTRY.setdefault(spec.name, Entry(spec))
+  return spec
+
+
+def unregister(name: str) -> None:
+  """Removes a registered algorithm (for tests that register a toy one)."""
+  _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+  """The registered algorithms' names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def engine_names(engine: str) -> tuple[str, ...]:
+  """The algorithms an engine implements."""
+  return tuple(name for name, e in _REGISTRY.items() if engine in e.engines)
+
+
+def entry(name: str) -> Entry:
+  """The registry entry of ``name`` (an error listing the known names otherwise)."""
+  if name not in _REGISTRY:
+    raise ValueError(f"Unknown algorithm {name!r}; choose one of {names()}.")
+  return _REGISTRY[name]
+
+
+def algorithm(name: str, **options: Any) -> Spec:
+  """The validated spec of algorithm ``name`` with ``options``.
+
+  Args:
+    name: ``"aladdin"``, ``"ar_sgd"``, ``"asp"``, ``"easgd"``, ``"sgp"`` or a registered one.
+    **options: the spec's fields (``worker_tx``, ``server_tx``, ``message``, ``period``,
+      ``normalise``, ``alpha``, ``tau``, ``beta``, ...); an option the algorithm does not have
+      raises an error listing those it has.
+
+  Returns:
+    The spec (a frozen dataclass).
+  """
+  spec = entry(name).spec
+  unknown = sorted(set(options) - set(spec.option_names()))
+  if unknown:
+    raise TypeError(
+      f"{name} has no option {', '.join(map(repr, unknown))}; its options are "
+      f"{spec.option_names()}."
+    )
+  return spec(**options)
+
+
+for _spec in (Aladdin, ArSgd, Asp, Easgd, Sgp):
+  register(_spec)
+
+ALGORITHMS: tuple[str, ...] = names()

@@ -1,0 +1,1 @@
+"""ALADDIN and its baselines on Ray (public names in ``optax_lena.aladdin.distributed``)."""

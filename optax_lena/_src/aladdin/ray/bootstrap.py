@@ -1,0 +1,186 @@
+"""Connecting to Ray securely: a local node bound to 127.0.0.1 with no dashboard or job API,
+or an existing cluster; and the Ray options of the actors (resources, accelerators)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
+
+# Ray's switch for "multi-node clusters allowed" doubles as the one that makes a local node
+# advertise, and therefore bind, the loopback address instead of the machine's external IP.
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray starts every worker process (hence every actor) at nice 15 by default: on a machine shared
+# with other work, every normal process then preempts the PS shards and the workers. The
+# runtime's local node runs them at the driver's priority, and lowers only the workers'
+# (:func:`worker_nice`).
+_NICENESS_ENV = "RAY_worker_niceness"
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+  """Makes a new local Ray node advertise, and so bind, 127.0.0.1 (Ray 2.x), and start its
+  worker processes at the driver's priority instead of Ray's nice 15.
+
+  ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: Ray replaces a loopback node
+  address by the machine's external IP (so that other nodes could reach it) and its gRPC servers
+  then listen on every interface. Ray keeps loopback only where "clusters" are disabled, which
+  is decided by the environment variable below (read at import time, hence the module patch).
+  The processes the node starts inherit the variable; it is restored afterwards, so a later
+  ``ray.init(address=...)`` in the same process joins a remote cluster normally.
+  """
+  import ray._private.ray_constants as ray_constants
+
+  old_env = {name: os.environ.get(name) for name in (_LOOPBACK_ENV, _NICENESS_ENV)}
+  old_const = ray_constants.ENABLE_RAY_CLUSTER
+  os.environ[_LOOPBACK_ENV] = "0"
+  os.environ.setdefault(_NICENESS_ENV, "0")
+  ray_constants.ENABLE_RAY_CLUSTER = False
+  try:
+    yield
+  finally:
+    ray_constants.ENABLE_RAY_CLUSTER = old_const
+    for name, value in old_env.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+  """``ray.init`` replaces the driver's SIGTERM handler (by one that exits with status 1, or
+  15); the runtime's own handler stays in place instead, so that SIGTERM always ends in the
+  same clean shutdown as Ctrl-C."""
+  import ray._private.utils as ray_utils
+
+  original = ray_utils.set_sigterm_handler
+  ray_utils.set_sigterm_handler = lambda handler: None
+  try:
+    yield
+  finally:
+    ray_utils.set_sigterm_handler = original
+
+
+def connect(
+  address: str | None = None,
+  *,
+  num_cpus: int | None = None,
+  num_gpus: int | None = None,
+  resources: Mapping[str, float] | None = None,
+  temp_dir: str | None = None,
+  log_to_driver: bool = False,
+) -> bool:
+  """Starts a secure local Ray cluster, or joins ``address``; returns True if it started one.
+
+  A local cluster binds every Ray service to 127.0.0.1 and starts no dashboard (hence no job
+  submission API, which runs arbitrary code for anyone who reaches it). Ray's token
+  authentication (on by default for local clusters since Ray 2.5x) stays on. To join a remote
+  cluster pass its ``address`` (``"host:port"``); its TLS (``RAY_USE_TLS`` and the certificate
+  variables) and token authentication (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN`` or the token
+  file) are configured with Ray's own environment variables, see docs/ALADDIN-ray.md.
+
+  Args:
+    address: an existing cluster's address, or None to start a local one.
+    num_cpus: CPUs the local node advertises (the actors themselves request none).
+    num_gpus: GPUs the local node advertises (None: the ones Ray detects).
+    resources: custom resources of the local node.
+    temp_dir: Ray's session directory root (an absolute path; None: Ray's default).
+    log_to_driver: forward the actors' stdout/stderr to the driver.
+
+  Returns:
+    True when this call started the cluster (the caller shuts it down), False when Ray was
+    already initialised or ``address`` was joined.
+
+  Raises:
+    ClusterLostError: ``address`` cannot be reached.
+  """
+  import ray
+
+  if ray.is_initialized():
+    return False
+  if address is not None:
+    # Ray retries an unreachable GCS for minutes; a TCP probe of "host:port" fails in seconds.
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and "://" not in address:
+      try:
+        with socket.create_connection((host, int(port)), timeout=5.0):
+          pass
+      except OSError as err:
+        raise ClusterLostError(
+          f"Could not join the Ray cluster at {address!r}: {err}. Check the address (the head "
+          "node's GCS, port 6379 by default) and that the cluster is up."
+        ) from err
+    try:
+      with _keep_sigterm_handler():
+        ray.init(address=address, log_to_driver=log_to_driver, include_dashboard=False)
+    except (ConnectionError, TimeoutError, RuntimeError) as err:
+      raise ClusterLostError(
+        f"Could not join the Ray cluster at {address!r}: {err}. Check the address, that the "
+        "cluster is up, and its TLS / token settings (RAY_USE_TLS, RAY_AUTH_MODE)."
+      ) from err
+    return False
+  kwargs: dict[str, Any] = {}
+  if temp_dir is not None:
+    kwargs["_temp_dir"] = os.path.abspath(temp_dir)
+  with _loopback_node(), _keep_sigterm_handler():
+    ray.init(
+      # "local": always a new node of our own, never one that another program on this machine
+      # started with `ray start` (which ray.init() would otherwise join).
+      address="local",
+      num_cpus=num_cpus,
+      num_gpus=num_gpus,
+      resources=dict(resources) if resources else None,
+      include_dashboard=False,
+      log_to_driver=log_to_driver,
+      configure_logging=True,
+      logging_level=logging.WARNING,
+      _node_ip_address="127.0.0.1",
+      **kwargs,
+    )
+  return True
+
+
+def gcs_reachable(timeout: float = 2.0) -> bool:
+  """Whether the cluster's GCS accepts a TCP connection (cheap; never hangs)."""
+  import ray
+
+  try:
+    host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout):
+      return True
+  except (OSError, ValueError, AttributeError):
+    return False
+
+
+def actor_options(config: Config, role: str) -> dict[str, Any]:
+  """Ray options of a ``"worker"`` or ``"server"`` actor (shards, reducers, the mailbox).
+
+  Actors request no CPU: a small machine runs more actors than it has cores, and placement is
+  done with custom resources instead. Accelerators are requested from Ray, which then sets
+  ``CUDA_VISIBLE_DEVICES`` (and its equivalents) for the actor to exactly the devices it gave.
+  """
+  resources = config.worker_resources if role == "worker" else config.server_resources
+  gpus = config.worker_gpus if role == "worker" else config.server_gpus
+  options: dict[str, Any] = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
+  if resources:
+    options["resources"] = dict(resources)
+  if gpus:
+    options["num_gpus"] = gpus
+  return options
+
+
+def worker_nice(config: Config, num_actors: int) -> int:
+  """The workers' priority decrease: ``config.worker_nice``, or (None) 5 when the cluster has
+  fewer CPUs than actors (the shards keep the priority the workers give up)."""
+  import ray
+
+  if config.worker_nice is not None:
+    return int(config.worker_nice)
+  cpus = float(ray.cluster_resources().get("CPU", 0.0))
+  return 5 if num_actors > cpus else 0

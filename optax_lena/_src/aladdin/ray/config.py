@@ -1,0 +1,238 @@
+"""What the Ray runtime trains (:class:`Task`), how (:class:`Config`), what it measured
+(:class:`RunResult`) and its errors; every knob is checked here, where the user sets it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+PyTree = Any
+
+
+class ClusterLostError(RuntimeError):
+  """The driver lost its Ray cluster (GCS unreachable, or no actor answers)."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """The run was stopped by SIGINT (Ctrl-C) or SIGTERM; everything has been shut down.
+
+  Attributes:
+    signum: the signal received; a program exits with ``exit_code`` (130 or 143).
+  """
+
+  def __init__(self, signum: int):
+    super().__init__(f"stopped by signal {signum}")
+    self.signum = signum
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What to train; shipped (cloudpickled) to every actor. The optimizers belong to the
+  algorithm (``Config.algorithm``, e.g. ``al.algorithm("aladdin", worker_tx=tx)``).
+
+  Attributes:
+    loss_fn: ``loss_fn(params, batch) -> scalar loss``.
+    init_params: the initial model (a pytree of floating-point arrays).
+    batches: ``batches(worker, seed) -> iterator`` of that worker's mini-batches, endless.
+    batch_size: samples per mini-batch (for throughput).
+  """
+
+  loss_fn: Callable[[PyTree, Any], Any]
+  init_params: PyTree
+  batches: Callable[[int, int], Iterator[Any]]
+  batch_size: int
+
+  def __post_init__(self) -> None:
+    if not callable(self.loss_fn) or not callable(self.batches):
+      raise TypeError("Task: loss_fn(params, batch) and batches(worker, seed) must be callable.")
+    if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
+      raise TypeError(f"Task: batch_size must be an int >= 1, got {self.batch_size!r}.")
+    if self.batch_size < 1:
+      raise ValueError(f"Task: batch_size must be >= 1, got {self.batch_size}.")
+
+
+def _positive(name: str, value: Any, integer: bool = False, zero: bool = False) -> None:
+  ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+  ok = ok and (value >= 0 if zero else value > 0) and (not integer or float(value).is_integer())
+  if not ok:
+    kind = "an int" if integer else "a number"
+    raise ValueError(f"Config: {name} must be {kind} {'>= 0' if zero else '> 0'}, got {value!r}.")
+
+
+def _resources(name: str, value: Mapping[str, float] | None) -> None:
+  if value is None:
+    return
+  if not isinstance(value, Mapping) or not all(
+    isinstance(k, str) and isinstance(v, int | float) and v > 0 for k, v in value.items()
+  ):
+    raise ValueError(f"Config: {name} must map resource names to amounts > 0, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """How to train.
+
+  Attributes:
+    algorithm: the algorithm and its options, a spec of ``optax_lena.aladdin``
+      (``al.algorithm("aladdin", worker_tx=tx)``: the recommended recipe for everything not
+      given; ``al.algorithm("asp", server_tx=...)``, ...), or the name of one whose defaults
+      suffice. The same spec runs in the simulator.
+    num_workers: n.
+    ps_shards: number of PS shard actors, exactly (memory-wise: the model, as one contiguous
+      buffer, is cut into ``ps_shards`` slices of equal size).
+    slowdown: ``{worker: factor}``; that worker sleeps ``(factor - 1)`` times its compute time
+      every iteration, so that its iteration takes ``factor`` times longer.
+    checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
+      started on a directory that holds checkpoints resumes from them.
+    checkpoint_every: a shard saves its state every this many global updates.
+    fold: ALADDIN: messages a worker folds into one call to each shard (None: ``period``;
+      1 to ``period``). The server still counts and applies them one by one, in order (Algorithm
+      2 unchanged); folding only saves Ray calls, which cost far more than a small model's
+      message, at the price of the first messages of a fold reaching g~ up to ``fold - 1``
+      steps later (as a slower network would). At most one message of a fold triggers a reply.
+    max_inflight: unanswered calls per worker and shard; beyond it an ALADDIN worker keeps
+      folding (up to ``period`` messages), and waits only when that fold is full too
+      (back-pressure).
+    chunk_seconds: wall time of one worker call scheduled by the driver.
+    seed: seeds the workers' data order.
+    worker_resources: Ray custom resources every worker actor requires (placement).
+    server_resources: Ray custom resources every shard / reducer / mailbox actor requires.
+    worker_gpus: accelerators Ray gives every worker actor (fractions share one device); the
+      worker's JAX then sees exactly those devices.
+    server_gpus: accelerators of every shard actor.
+    deterministic: the driver runs one worker iteration at a time, round-robin, and each
+      iteration waits for the shards' replies: the message order, hence the result, does not
+      depend on timing (the multi-node test compares runs bit for bit).
+    worker_nice: the workers lower their CPU priority by this much (``os.nice``); None: by 5
+      when the cluster has fewer CPUs than actors, so that the PS shards, which a real cluster
+      gives cores of their own, are not starved by the workers.
+  """
+
+  algorithm: Any = "aladdin"
+  num_workers: int = 4
+  ps_shards: int = 1
+  slowdown: Mapping[int, float] = dataclasses.field(default_factory=dict)
+  checkpoint_dir: str | None = None
+  checkpoint_every: int = 50
+  fold: int | None = None
+  max_inflight: int = 2
+  chunk_seconds: float = 0.5
+  seed: int = 0
+  worker_resources: Mapping[str, float] | None = None
+  server_resources: Mapping[str, float] | None = None
+  worker_gpus: float = 0.0
+  server_gpus: float = 0.0
+  deterministic: bool = False
+  worker_nice: int | None = None
+
+  def __post_init__(self) -> None:
+    from optax_lena._src.aladdin import algorithms
+    from optax_lena._src.aladdin.ray import iterations  # noqa: F401 - attaches Ray's pieces
+
+    spec = self.algorithm
+    if isinstance(spec, str):
+      spec = algorithms.algorithm(spec)
+    if not isinstance(spec, algorithms.Spec):
+      raise TypeError(
+        "Config: algorithm must be a spec (al.algorithm('aladdin', worker_tx=...)) or a name, "
+        f"got {type(spec).__name__}."
+      )
+    algorithms.entry(spec.name).engine("ray")  # an error listing what Ray runs
+    spec.check_trainable()
+    if getattr(spec, "reply_every", None) is not None:
+      raise ValueError("Config: reply_every (a simulator ablation) is not supported on Ray.")
+    if getattr(spec, "overlap", 1) == 0 and self.deterministic:
+      raise ValueError("Config: SGP with overlap=0 cannot run the deterministic lockstep.")
+    object.__setattr__(self, "algorithm", spec)
+    for name in ("num_workers", "ps_shards", "checkpoint_every"):
+      _positive(name, getattr(self, name), integer=True)
+    _positive("max_inflight", self.max_inflight, integer=True)
+    if self.fold is not None:
+      _positive("fold", self.fold, integer=True)
+      period = getattr(spec, "period", 1)
+      if self.fold > period:
+        raise ValueError(
+          f"Config: fold={self.fold} exceeds the algorithm's period={period}; fold at most "
+          "period messages per call (one reply per call)."
+        )
+    _positive("chunk_seconds", self.chunk_seconds)
+    _positive("worker_gpus", self.worker_gpus, zero=True)
+    _positive("server_gpus", self.server_gpus, zero=True)
+    for name in ("worker_gpus", "server_gpus"):
+      gpus = getattr(self, name)
+      if gpus > 1 and not float(gpus).is_integer():
+        raise ValueError(f"Config: {name} above 1 must be a whole number, got {gpus!r}.")
+    if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:
+      raise ValueError(f"Config: worker_nice must be None or in [0, 19], got {self.worker_nice}.")
+    if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+      raise ValueError(f"Config: seed must be an int, got {self.seed!r}.")
+    if self.checkpoint_dir is not None and spec.server(self.num_workers) is None:
+      raise ValueError(
+        f"Config: checkpoint_dir needs parameter-server shards; {spec.name!r} has none."
+      )
+    for worker, factor in self.slowdown.items():
+      if isinstance(worker, bool) or not isinstance(worker, int):
+        raise ValueError(f"Config: slowdown keys are worker indices (ints), got {worker!r}.")
+      if not 0 <= worker < self.num_workers or not factor >= 1:
+        raise ValueError(
+          f"Config: slowdown {worker}:{factor}: the worker must be in [0, {self.num_workers}) "
+          "and the factor >= 1."
+        )
+    _resources("worker_resources", self.worker_resources)
+    _resources("server_resources", self.server_resources)
+
+  @property
+  def spec(self) -> Any:
+    """The algorithm's spec (``algorithm`` after validation)."""
+    return self.algorithm
+
+  @property
+  def name(self) -> str:
+    return str(self.algorithm.name)
+
+  @property
+  def served(self) -> bool:
+    """Whether the workers talk to parameter-server shards."""
+    return self.algorithm.server(self.num_workers) is not None
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What a run measured.
+
+  Attributes:
+    algorithm: the algorithm.
+    wall_s: seconds from the first scheduled chunk to the last result.
+    samples: samples processed by all workers.
+    throughput: samples per second over the run.
+    iterations: per worker.
+    wait_fraction: per worker, time blocked on other processes / time in its iterations.
+    compute_fraction: per worker, time in its local step / time in its iterations.
+    merges: per worker, replies merged (ALADDIN), models adopted (ASP, EASGD), gossip
+      messages mixed (SGP); 0 for AR-SGD.
+    curve: ``(seconds, metric)`` evaluations of the global model during the run.
+    curve_iterations: the iterations of all workers together at each evaluation.
+    shards: each shard's counters at the end.
+    workers: each worker's identity and totals at the end.
+    final_params: the global model at the end.
+  """
+
+  algorithm: str
+  wall_s: float
+  samples: int
+  throughput: float
+  iterations: list[int]
+  wait_fraction: list[float]
+  compute_fraction: list[float]
+  merges: list[int]
+  curve: list[tuple[float, float]]
+  curve_iterations: list[int]
+  shards: list[dict[str, Any]]
+  workers: list[dict[str, Any]]
+  final_params: PyTree

@@ -1,0 +1,288 @@
+"""The driver: :class:`Runtime` starts the actors and waits until they are ready, runs a
+schedule, evaluates and checkpoints, and stops or kills everything (also on Ctrl-C/SIGTERM)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray import bootstrap, schedulers
+from optax_lena._src.aladdin.ray.config import ClusterLostError, Config, RunResult, Task
+from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.progress import Progress
+from optax_lena._src.aladdin.ray.rendezvous import Mailbox, Reducer
+from optax_lena._src.aladdin.ray.shard import ServerShard
+from optax_lena._src.aladdin.ray.signals import StopSignals
+from optax_lena._src.aladdin.ray.worker import Worker
+
+PyTree = Any
+
+
+class Runtime:
+  """Creates the PS shards and workers on Ray, runs the training, tears everything down.
+
+  Use as a context manager (or call :meth:`shutdown`): actors are killed and, when this runtime
+  started the local cluster, the cluster is shut down, also on Ctrl-C, SIGTERM or an error, at
+  any moment from the constructor on. A signal ends in :class:`Interrupted` (a
+  ``KeyboardInterrupt`` carrying the signal and the exit code 130 / 143) once everything is
+  down.
+
+  Args:
+    task: what to train.
+    config: how.
+    address: join this cluster (``"host:port"``); None starts a local one.
+    num_cpus: CPUs of a local node (None: all).
+    num_gpus: GPUs a local node advertises (None: those Ray detects).
+    resources: custom resources of a local node.
+    temp_dir: session directory root of a local node.
+    stall_timeout: seconds without any worker result before the cluster counts as lost.
+  """
+
+  def __init__(
+    self,
+    task: Task,
+    config: Config,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    resources: Mapping[str, float] | None = None,
+    temp_dir: str | None = None,
+    stall_timeout: float = 30.0,
+  ):
+    import ray
+
+    if not isinstance(task, Task) or not isinstance(config, Config):
+      raise TypeError("Runtime(task, config) takes an ad.Task and an ad.Config.")
+    self.task, self.config, self.stall_timeout = task, config, stall_timeout
+    self.iteration = algorithms.entry(config.name).engine("ray")
+    self.layout = FlatLayout(task.init_params, config.ps_shards)  # errors before Ray starts
+    self.workers: list[Any] = []
+    self.shards: list[Any] = []
+    self.peers: list[Any] = []
+    self.owns_cluster = False
+    self._closed = False
+    self.signals = StopSignals()
+    try:
+      with self.signals.deferred():  # a half-started node cannot be cleaned up
+        self.owns_cluster = bootstrap.connect(
+          address, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources, temp_dir=temp_dir
+        )
+      self.signals.check()
+      self._start_actors(ray)
+    except BaseException:
+      self.shutdown(checkpoint=False)
+      raise
+
+  def _start_actors(self, ray: Any) -> None:
+    task, config = self.task, self.config
+    server = bootstrap.actor_options(config, "server")
+    if self.iteration.peers == "shards":
+      shard_cls = ray.remote(ServerShard).options(**server)
+      params = self.layout.to_vector(task.init_params)
+      self.shards = [
+        shard_cls.remote(k, part, config) for k, part in enumerate(self.layout.split(params))
+      ]
+    else:
+      # A barrier or a mailbox keeps its waiting callers: never restarted mid-round.
+      options = {**server, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1000}
+      if self.iteration.peers == "reducers":
+        reducer = ray.remote(Reducer).options(**options)
+        self.peers = [reducer.remote(config.num_workers) for _ in range(config.ps_shards)]
+      else:
+        self.peers = [ray.remote(Mailbox).options(**options).remote()]
+    nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
+    worker_cls = ray.remote(Worker).options(**bootstrap.actor_options(config, "worker"))
+    self.workers = [
+      worker_cls.remote(i, task, config, self.shards, self.peers, nice)
+      for i in range(config.num_workers)
+    ]
+    # Constructors (imports, restores, compilation, first fetch of the global model) finish
+    # here, so that the clock of a run starts with every actor ready.
+    self._get([w.info.remote() for w in self.workers], timeout=None)
+
+  def _get(self, refs: Any, timeout: float | None) -> Any:
+    """``ray.get`` that a signal cannot be lost in (polled once a second)."""
+    import ray
+
+    start = time.time()
+    pending = list(refs) if isinstance(refs, list) else [refs]
+    while True:
+      ready, _ = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+      self.signals.check()
+      if len(ready) == len(pending):
+        return ray.get(refs)
+      waited = time.time() - start
+      if timeout is not None and waited > timeout:
+        raise ClusterLostError(f"No answer from the cluster within {timeout:.0f} s.")
+      if waited > self.stall_timeout and not bootstrap.gcs_reachable():
+        raise ClusterLostError("Lost the Ray cluster: its GCS does not accept connections.")
+
+  # -- context manager ----------------------------------------------------------------------
+
+  def __enter__(self) -> Runtime:
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.shutdown()
+
+  def shutdown(self, checkpoint: bool = True) -> None:
+    """Saves the shards (when checkpointing), kills every actor, stops an owned cluster; a
+    signal received meanwhile is acted on afterwards (:class:`Interrupted`)."""
+    import ray
+
+    if self._closed:
+      return
+    with self.signals.deferred():
+      if ray.is_initialized():
+        if checkpoint and self.config.checkpoint_dir is not None and self.shards:
+          with contextlib.suppress(Exception):
+            ray.get([s.checkpoint.remote() for s in self.shards], timeout=30)
+        for actor in [*self.workers, *self.shards, *self.peers]:
+          with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+        if self.owns_cluster:
+          ray.shutdown()
+      self.workers, self.shards, self.peers = [], [], []
+      self.owns_cluster = False
+      self._closed = True
+    self.signals.restore()
+    self.signals.check()
+
+  # -- model access -------------------------------------------------------------------------
+
+  def global_params(self, timeout: float | None = 60) -> PyTree:
+    """The global model: the shards' x~ (ALADDIN, ASP, EASGD), worker 0's model (AR-SGD) or
+    the average of the workers' de-biased models (SGP)."""
+    if self.iteration.global_model == "worker0":
+      return self._get(self.workers[0].get_params.remote(), timeout)
+    if self.iteration.global_model == "mean":
+      models = self._get([w.get_params.remote() for w in self.workers], timeout)
+      vectors = [self.layout.to_vector(m) for m in models]
+      return self.layout.to_tree(np.asarray(np.mean(vectors, axis=0, dtype=np.float64)))
+    replies = self._get([s.params.remote() for s in self.shards], timeout)
+    return self.layout.to_tree(self.layout.join([p for p, _ in replies]))
+
+  def shard_stats(self, timeout: float | None = 60) -> list[dict[str, Any]]:
+    """Each shard's counters."""
+    return self._get([s.stats.remote() for s in self.shards], timeout) if self.shards else []
+
+  def worker_infos(self, timeout: float | None = 60) -> list[dict[str, Any]]:
+    """Each worker's identity, totals, messages sent and devices."""
+    return self._get([w.info.remote() for w in self.workers], timeout)
+
+  # -- running ------------------------------------------------------------------------------
+
+  def _check(self, since_progress: float) -> None:
+    self.signals.check()
+    if since_progress < self.stall_timeout:
+      return
+    reason = "its GCS does not accept connections" if not bootstrap.gcs_reachable() else "no answer"
+    if self.config.checkpoint_dir:
+      resume = (
+        f"The shards' last checkpoints are under {self.config.checkpoint_dir!r}: restart the "
+        "cluster and run again with the same checkpoint_dir to resume."
+      )
+    else:
+      resume = "Nothing was checkpointed (checkpoint_dir=None): the run cannot be resumed."
+    raise ClusterLostError(
+      f"Lost the Ray cluster: {reason}, and no worker reported progress for "
+      f"{since_progress:.0f} s. {resume}"
+    )
+
+  def run(
+    self,
+    time_budget: float | None = None,
+    *,
+    iterations: int | None = None,
+    eval_fn: Callable[[PyTree], float] | None = None,
+    eval_every: float = 2.0,
+    progress: bool = True,
+  ) -> RunResult:
+    """Trains for ``time_budget`` seconds (or ``iterations`` per worker, deterministic mode).
+
+    Args:
+      time_budget: wall seconds of training (asynchronous modes).
+      iterations: iterations per worker (deterministic mode).
+      eval_fn: ``eval_fn(global_params) -> metric``, run on the driver every ``eval_every``
+        seconds and at the end (the curve of the result).
+      eval_every: seconds between evaluations.
+      progress: a progress bar on a terminal; elsewhere a line every 15 s.
+
+    Returns:
+      A :class:`RunResult`.
+
+    Raises:
+      ClusterLostError: the cluster stopped answering for ``stall_timeout`` seconds.
+      Interrupted: SIGINT or SIGTERM (the runtime is then shut down).
+    """
+    import ray
+
+    config, n = self.config, self.config.num_workers
+    if config.deterministic:
+      if iterations is None or iterations < 1:
+        raise ValueError("The deterministic mode needs iterations >= 1 (per worker).")
+      schedule: Any = schedulers.Lockstep(self.workers, iterations, self.iteration.rounds)
+      total, unit = float(iterations), "rounds"
+    else:
+      if time_budget is None or not time_budget > 0:
+        raise ValueError("time_budget (seconds > 0) is required outside the deterministic mode.")
+      total, unit = float(time_budget), "s"
+    curve: list[tuple[float, float]] = []
+    bar = Progress(total, enabled=progress, unit=unit)
+    start = time.time()
+    deadline = start + (time_budget or 0.0)
+    if not config.deterministic:
+      kind = schedulers.Rounds if self.iteration.rounds else schedulers.AsyncChunks
+      schedule = kind(self.workers, deadline, config.chunk_seconds)
+    next_eval = [start]
+    done = [0]  # iterations of all workers so far
+    curve_iterations: list[int] = []
+
+    def tick(now: float) -> None:
+      if eval_fn is not None and not config.deterministic and next_eval[0] <= now < deadline:
+        curve.append((now - start, float(eval_fn(self.global_params()))))
+        curve_iterations.append(done[0])
+        next_eval[0] = time.time() + eval_every
+
+    def on_result(now: float, totals: list[dict[str, Any]]) -> None:
+      iterations_done = done[0] = sum(t.get("iterations", 0) for t in totals)
+      bar.update(iterations_done / n if config.deterministic else now - start, iterations_done)
+
+    try:
+      totals = schedulers.drive(schedule, n, check=self._check, on_result=on_result, tick=tick)
+      wall = time.time() - start
+      self._get([w.flush.remote() for w in self.workers], self.stall_timeout)
+      final = self.global_params(timeout=self.stall_timeout)
+      if eval_fn is not None:
+        curve.append((wall, float(eval_fn(final))))
+        curve_iterations.append(done[0])
+      shards = self.shard_stats(timeout=self.stall_timeout)
+      workers = self.worker_infos(timeout=self.stall_timeout)
+    except ray.exceptions.RaySystemError as err:
+      raise ClusterLostError(f"Lost the Ray cluster: {err}") from err
+    finally:
+      bar.close()
+    busy = [max(t.get("busy_s", 0.0), 1e-9) for t in totals]
+    its = [int(t.get("iterations", 0)) for t in totals]
+    samples = sum(its) * self.task.batch_size
+    return RunResult(
+      algorithm=config.name,
+      wall_s=wall,
+      samples=samples,
+      throughput=samples / wall,
+      iterations=its,
+      wait_fraction=[t.get("wait_s", 0.0) / b for t, b in zip(totals, busy, strict=True)],
+      compute_fraction=[t.get("compute_s", 0.0) / b for t, b in zip(totals, busy, strict=True)],
+      merges=[int(w["merges"]) for w in workers],  # the final flush's merges included
+      curve=curve,
+      curve_iterations=curve_iterations,
+      shards=shards,
+      workers=workers,
+      final_params=final,
+    )

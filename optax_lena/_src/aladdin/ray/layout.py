@@ -1,0 +1,106 @@
+"""The wire format: a model, gradient or update as ONE contiguous 1-D buffer, cut into exactly
+``num_shards`` slices of (nearly) equal size, one per parameter-server shard.
+
+One buffer per message instead of one object per leaf: Ray serialises one array per call, and
+the server's functions run on one flat array (one fused pass, whatever the number of leaves).
+Cutting the buffer into equal slices is the paper's memory-wise sharding (Section 3.3) with the
+shard size ``ceil(bytes / num_shards)``: a leaf larger than a slice is split across shards, and
+the number of shards is exactly the one asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+PyTree = Any
+
+
+class FlatLayout:
+  """``ravel(tree) -> vector``, ``unravel(vector) -> tree`` and the shards' slices of it.
+
+  The vector has one dtype, the widest floating dtype of the leaves (a mixed bf16/float32 model
+  travels and is served in float32; ``unravel`` casts every leaf back to its own dtype).
+  """
+
+  def __init__(self, params: PyTree, num_shards: int):
+    import jax
+
+    leaves, self.treedef = jax.tree.flatten(params)
+    if not leaves:
+      raise ValueError("The model has no parameters (an empty pytree).")
+    self.shapes = [tuple(np.shape(x)) for x in leaves]
+    self.dtypes = [np.dtype(getattr(x, "dtype", np.float32)) for x in leaves]
+    if not all(np.issubdtype(d, np.floating) for d in self.dtypes):
+      raise TypeError(f"Every parameter must be floating point, got dtypes {self.dtypes}.")
+    self.dtype = np.dtype(np.result_type(*self.dtypes))
+    self.sizes = [math.prod(s) for s in self.shapes]
+    self.size = sum(self.sizes)
+    if not 1 <= num_shards <= self.size:
+      raise ValueError(
+        f"ps_shards={num_shards}: a model of {self.size} parameters can be cut into 1 to "
+        f"{self.size} shards."
+      )
+    self.num_shards = num_shards
+    self.bounds = [round(k * self.size / num_shards) for k in range(num_shards + 1)]
+    self.shard_sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False)]
+
+  # -- inside jit (jax.numpy) ---------------------------------------------------------------
+
+  def ravel(self, tree: PyTree) -> Any:
+    """The tree as one vector of ``self.dtype`` (traceable)."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves = jax.tree.leaves(tree)
+    return jnp.concatenate([jnp.ravel(x).astype(self.dtype) for x in leaves])
+
+  def unravel(self, vector: Any) -> PyTree:
+    """The inverse of :meth:`ravel`, every leaf in its own shape and dtype (traceable)."""
+    import jax
+
+    offsets = np.cumsum([0, *self.sizes])
+    leaves = [
+      vector[a:b].reshape(shape).astype(dtype)
+      for a, b, shape, dtype in zip(offsets, offsets[1:], self.shapes, self.dtypes, strict=False)
+    ]
+    return jax.tree.unflatten(self.treedef, leaves)
+
+  def per_element(self, per_shard: Any) -> Any:
+    """A ``[num_shards]`` vector repeated over each shard's slice (traceable)."""
+    import jax.numpy as jnp
+
+    if self.num_shards == 1:
+      return per_shard[0]
+    return jnp.repeat(per_shard, np.asarray(self.shard_sizes), total_repeat_length=self.size)
+
+  # -- on the host (numpy) ------------------------------------------------------------------
+
+  def to_vector(self, tree: PyTree) -> np.ndarray:
+    """:meth:`ravel` in NumPy (the driver's and the restarts' copy of a model)."""
+    import jax
+
+    return np.concatenate(
+      [np.ravel(np.asarray(x)).astype(self.dtype) for x in jax.tree.leaves(tree)]
+    )
+
+  def to_tree(self, vector: np.ndarray) -> PyTree:
+    """:meth:`unravel` in NumPy."""
+    import jax
+
+    offsets = np.cumsum([0, *self.sizes])
+    leaves = [
+      np.asarray(vector[a:b]).reshape(shape).astype(dtype)
+      for a, b, shape, dtype in zip(offsets, offsets[1:], self.shapes, self.dtypes, strict=False)
+    ]
+    return jax.tree.unflatten(self.treedef, leaves)
+
+  def split(self, vector: np.ndarray) -> list[np.ndarray]:
+    """The shards' slices of ``vector`` (its last axis), as views."""
+    return [vector[..., a:b] for a, b in zip(self.bounds, self.bounds[1:], strict=False)]
+
+  def join(self, slices: list[np.ndarray]) -> np.ndarray:
+    """The vector of the shards' slices."""
+    return np.concatenate([np.asarray(s) for s in slices], axis=-1)

@@ -1,0 +1,146 @@
+"""A worker's messages to the PS shards, sent by a thread of their own.
+
+The worker's loop only queues a message (one contiguous vector) and picks up the replies that
+have arrived; a sender thread makes the Ray calls, so that their cost overlaps the next local
+step (XLA releases the GIL while it computes) instead of adding to it. The sender folds every
+queued message (up to ``max_fold``) into one call per shard while ``max_inflight`` calls are
+unanswered, and replies are collected by completion callbacks, in call order: no polling.
+One call carries the same messages' slices to every shard; Ray runs one caller's calls on a
+synchronous actor in order, so every shard sees a worker's messages in the order it sent them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from optax_lena._src.aladdin.ray.layout import FlatLayout
+
+
+class Outbox:
+  """Queues messages, sends them in folded calls, returns the replies in order.
+
+  Args:
+    worker: the sender's index.
+    shards: the shard actors.
+    layout: the flat layout (the shards' slices).
+    max_inflight: unanswered calls before messages are folded instead of sent.
+    max_fold: messages in one call; a worker that has this many queued behind
+      ``max_inflight`` unanswered calls waits (back-pressure).
+    min_fold: messages queued before a call is made (a flush sends fewer).
+  """
+
+  def __init__(
+    self,
+    worker: int,
+    shards: list[Any],
+    layout: FlatLayout,
+    max_inflight: int,
+    max_fold: int,
+    min_fold: int = 1,
+  ):
+    self.worker, self.shards, self.layout = worker, shards, layout
+    self.max_inflight, self.max_fold = max_inflight, max_fold
+    self.min_fold = min(min_fold, max_fold)
+    self._flushing = False
+    self.sent = [0] * len(shards)  # messages (folded ones counted one by one) per shard
+    self.calls = 0  # Ray calls per shard
+    self._cond = threading.Condition()
+    self._queue: list[tuple[np.ndarray, bool]] = []
+    self._inflight = 0
+    self._slots: dict[int, dict[int, Any]] = {}
+    self._next_call = self._next_release = 0
+    self._replies: list[list[Any]] = []
+    self._error: BaseException | None = None
+    self._thread: threading.Thread | None = None
+
+  def push(self, message: np.ndarray, finite: bool) -> float:
+    """Queues one message; returns the seconds waited (only when the queue is full)."""
+    waited = 0.0
+    with self._cond:
+      self._raise()
+      self._queue.append((message, finite))
+      if len(self._queue) >= self.min_fold:  # wake the sender only when it has a call to make
+        self._cond.notify_all()
+      if len(self._queue) > self.max_fold:
+        t0 = time.perf_counter()
+        self._cond.wait_for(lambda: len(self._queue) <= self.max_fold or self._error)
+        waited = time.perf_counter() - t0
+    if self._thread is None:
+      self._thread = threading.Thread(target=self._send_loop, name="aladdin-outbox", daemon=True)
+      self._thread.start()
+    return waited
+
+  def take(self) -> list[list[Any]]:
+    """The replies of every call answered since the last take (per call, per shard)."""
+    with self._cond:
+      self._raise()
+      replies, self._replies = self._replies, []
+    return replies
+
+  def flush(self) -> float:
+    """Waits until every queued message has been sent and answered; returns the seconds."""
+    t0 = time.perf_counter()
+    with self._cond:
+      self._flushing = True
+      self._cond.notify_all()
+      try:
+        self._cond.wait_for(lambda: (not self._queue and not self._inflight) or self._error)
+      finally:
+        self._flushing = False
+      self._raise()
+    return time.perf_counter() - t0
+
+  def _raise(self) -> None:
+    if self._error is not None:
+      raise RuntimeError(f"A message to the PS shards failed: {self._error}") from self._error
+
+  def _send_loop(self) -> None:
+    while True:
+      with self._cond:
+        self._cond.wait_for(
+          lambda: (
+            self._inflight < self.max_inflight
+            and (len(self._queue) >= self.min_fold or (self._queue and self._flushing))
+          )
+        )
+        batch, self._queue = self._queue[: self.max_fold], self._queue[self.max_fold :]
+        self._inflight += 1
+        call = self._next_call
+        self._next_call += 1
+        self._slots[call] = {}
+        self._cond.notify_all()
+      try:
+        messages = np.stack([m for m, _ in batch])
+        finite = np.asarray([f for _, f in batch])
+        parts = self.layout.split(messages)
+        for s, (shard, part) in enumerate(zip(self.shards, parts, strict=True)):
+          ref = shard.receive.remote(self.worker, np.ascontiguousarray(part), finite)
+          ref.future().add_done_callback(lambda future, c=call, s=s: self._done(c, s, future))
+          self.sent[s] += len(batch)
+        self.calls += 1
+      except BaseException as err:
+        with self._cond:
+          self._error = err
+          self._cond.notify_all()
+        return
+
+  def _done(self, call: int, shard: int, future: Any) -> None:
+    try:
+      reply = future.result()
+    except BaseException as err:
+      with self._cond:
+        self._error = err
+        self._cond.notify_all()
+      return
+    with self._cond:
+      self._slots[call][shard] = reply
+      while len(self._slots.get(self._next_release, ())) == len(self.shards):
+        slot = self._slots.pop(self._next_release)
+        self._replies.append([slot[s] for s in range(len(self.shards))])
+        self._next_release += 1
+        self._inflight -= 1
+      self._cond.notify_all()

@@ -1,0 +1,134 @@
+"""How the driver hands out work, written once: asynchronous chunks (ALADDIN, ASP, EASGD, SGP),
+AR-SGD's rounds, and the deterministic lockstep; :func:`drive` runs any of them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+Submit = list[tuple[int, Any]]  # (worker, ObjectRef of its call)
+
+
+class AsyncChunks:
+  """Every worker runs chunks of about ``chunk`` seconds until the deadline; one chunk queued
+  behind the running one, so that a worker never idles between chunks."""
+
+  def __init__(self, workers: list[Any], deadline: float, chunk: float):
+    self.workers, self.deadline, self.chunk = workers, deadline, chunk
+
+  def _call(self, i: int) -> tuple[int, Any]:
+    return i, self.workers[i].run.remote(self.deadline, max_seconds=self.chunk)
+
+  def start(self) -> Submit:
+    return [self._call(i) for _ in range(2) for i in range(len(self.workers))]
+
+  def finished(self, i: int, stats: dict[str, Any]) -> Submit:
+    return [self._call(i)] if time.time() < self.deadline else []
+
+
+class Rounds:
+  """AR-SGD: every worker gets the same number of iterations per call (a barrier cannot end on
+  a clock), adapted so that a round lasts about ``chunk`` seconds; two rounds in flight."""
+
+  def __init__(self, workers: list[Any], deadline: float, chunk: float):
+    self.workers, self.deadline, self.chunk = workers, deadline, chunk
+    self.size = 1
+    self.left: list[int] = []  # results still missing, per round in flight (oldest first)
+
+  def _round(self) -> Submit:
+    self.left.append(len(self.workers))
+    return [(i, w.run.remote(None, max_iterations=self.size)) for i, w in enumerate(self.workers)]
+
+  def start(self) -> Submit:
+    return self._round() + self._round()
+
+  def finished(self, i: int, stats: dict[str, Any]) -> Submit:
+    self.left[0] -= 1
+    if self.left[0]:
+      return []
+    self.left.pop(0)
+    per_iteration = stats["busy_s"] / max(stats["iterations"], 1)
+    self.size = max(1, min(1000, int(self.chunk / max(per_iteration, 1e-4))))
+    return self._round() if time.time() < self.deadline else []
+
+
+class Lockstep:
+  """Deterministic: ``iterations`` rounds; in each, worker 0, 1, ..., n-1 run one iteration
+  that waits for its replies, one after the other (AR-SGD: all n at once, its barrier)."""
+
+  def __init__(self, workers: list[Any], iterations: int, together: bool):
+    self.workers, self.iterations, self.together = workers, iterations, together
+    self.calls = [(k, i) for k in range(iterations) for i in range(len(workers))]
+    self.next = 0
+    self.running = 0
+
+  def _submit(self) -> Submit:
+    out: Submit = []
+    count = len(self.workers) if self.together else 1
+    for _ in range(count):
+      if self.next < len(self.calls):
+        _, i = self.calls[self.next]
+        out.append((i, self.workers[i].step_sync.remote()))
+        self.next += 1
+    self.running = len(out)
+    return out
+
+  def start(self) -> Submit:
+    return self._submit()
+
+  def finished(self, i: int, stats: dict[str, Any]) -> Submit:
+    self.running -= 1
+    return self._submit() if self.running == 0 else []
+
+
+def drive(
+  schedule: Any,
+  num_workers: int,
+  *,
+  check: Callable[[float], None],
+  on_result: Callable[[float, list[dict[str, Any]]], None],
+  tick: Callable[[float], None],
+) -> list[dict[str, Any]]:
+  """Runs ``schedule`` until no call is left; returns each worker's summed chunk statistics.
+
+  Args:
+    schedule: :class:`AsyncChunks`, :class:`Rounds` or :class:`Lockstep`.
+    num_workers: n.
+    check: ``check(seconds since the last result)`` after every wait (signals, lost cluster).
+    on_result: ``on_result(now, totals)`` after every result (progress).
+    tick: ``tick(now)`` after every wait (evaluations).
+  """
+  import ray
+
+  from optax_lena._src.aladdin.ray.config import ClusterLostError
+
+  totals: list[dict[str, Any]] = [{} for _ in range(num_workers)]
+  inflight = dict((ref, i) for i, ref in schedule.start())
+  last = time.time()
+  while inflight:
+    ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+    now = time.time()
+    check(now - last if not ready else 0.0)
+    tick(now)
+    if ready:
+      last = now
+    for ref in ready:
+      i = inflight.pop(ref)
+      try:
+        stats = ray.get(ref)
+      except ray.exceptions.RayActorError as err:
+        raise ClusterLostError(f"Worker {i} died and could not be restarted: {err}") from err
+      for key, value in stats.items():
+        if isinstance(value, int | float) and key in (
+          "iterations",
+          "compute_s",
+          "sleep_s",
+          "wait_s",
+          "busy_s",
+          "merges",
+        ):
+          totals[i][key] = totals[i].get(key, 0) + value
+      on_result(now, totals)
+      inflight.update((r, w) for w, r in schedule.finished(i, stats))
+  return totals

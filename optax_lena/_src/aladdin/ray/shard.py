@@ -1,0 +1,171 @@
+"""A parameter-server shard: the algorithm's server on one flat slice of the global model.
+
+One receive entry for every algorithm (:meth:`ServerShard.receive`); Orbax checkpoints every
+``checkpoint_every`` global updates, restored when Ray restarts the actor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from optax_lena._src.aladdin.ray.config import Config
+
+
+def folded_receive(server: Any) -> Any:
+  """``receive(state, messages[k, slice], finite[k], worker) -> (state, ready, alpha, params)``:
+  the algorithm's ``server.receive`` applied to ``k`` messages of one worker in order, exactly
+  as ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``: a
+  message it rejects is replaced by NaN here, so that every shard's server rejects it (the
+  server's own check covers the shard's slice) and the shards' counters stay equal. Of ``k <=
+  period`` messages of one worker at most one triggers (c_i restarts from 0), and x~ does not
+  change after it, so ``params`` is the reply's."""
+  import jax.numpy as jnp
+
+  def receive(state, messages, finite, worker):
+    ready = jnp.zeros([], bool)
+    alpha = jnp.zeros([], jnp.float32)
+    params = None
+    for row in range(messages.shape[0]):
+      message = jnp.where(finite[row], messages[row], jnp.asarray(jnp.nan, messages.dtype))
+      state, reply = server.receive(state, message, worker)
+      ready = jnp.logical_or(ready, reply.ready)
+      alpha = jnp.where(reply.ready, reply.alpha, alpha)
+      params = reply.params
+    return state, ready, alpha, params
+
+  return receive
+
+
+def _own(tree: Any) -> Any:
+  import jax
+  import jax.numpy as jnp
+
+  return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+class ServerShard:
+  """Shard ``shard`` of the global model (a Ray actor; plain class here)."""
+
+  def __init__(self, shard: int, params: np.ndarray, config: Config):
+    import jax
+
+    self.shard, self.config = shard, config
+    self.size, self.dtype = params.shape[-1], params.dtype
+    self.counts = {"received": 0, "calls": 0, "rejected_malformed": 0, "global_updates": 0}
+    self.since_checkpoint = 0
+    self.num_checkpoints = 0
+    self.restored_updates = -1
+    server = config.spec.server(config.num_workers)
+    self.max_fold = int(getattr(config.spec, "period", 1))
+    # Own buffers for every leaf (an init may share one zero between two counters), which the
+    # donation below requires.
+    self.state: Any = _own(server.init(jax.numpy.asarray(params)))
+    # The state is donated: XLA updates the shard's buffers in place, message after message.
+    self._receive = jax.jit(folded_receive(server), donate_argnums=0)
+    self._manager: Any = None
+    if config.checkpoint_dir is not None:
+      self._open_checkpoints()
+    # Compiles every fold size before the run's clock starts (result discarded).
+    for k in range(1, self.max_fold + 1):
+      zeros = np.zeros((k, self.size), self.dtype)
+      jax.block_until_ready(self._receive(_own(self.state), zeros, np.zeros(k, bool), np.int32(0)))
+
+  def receive(self, worker: int, messages: np.ndarray, finite: np.ndarray) -> Any:
+    """Applies ``k`` messages of ``worker`` in order (``messages[k, slice]``, ``finite[k]`` the
+    sender's verdict on each whole message, so that a NaN in another shard's slice makes every
+    shard reject it and their counters stay equal).
+
+    Returns:
+      None, or ``(global slice, alpha)`` when a message triggered a reply (ALADDIN's global
+      update, ASP's step, EASGD's exchange: then the worker's new slice). A message of the wrong
+      shape or dtype, or from an unknown worker, is rejected and counted, never applied.
+    """
+    self.counts["calls"] += 1
+    messages = np.asarray(messages)
+    if messages.ndim == 1:
+      messages = messages[None]
+    finite = np.asarray(finite, bool).reshape(-1)
+    k = messages.shape[0]
+    self.counts["received"] += k
+    if (
+      messages.ndim != 2
+      or messages.shape[1] != self.size
+      or messages.dtype != self.dtype
+      or finite.shape != (k,)
+      or not 1 <= k <= self.max_fold
+      or not 0 <= int(worker) < self.config.num_workers
+    ):
+      self.counts["rejected_malformed"] += k
+      return None
+    self.state, ready, alpha, reply = self._receive(self.state, messages, finite, np.int32(worker))
+    if not bool(ready):
+      return None
+    self.counts["global_updates"] += 1
+    self.since_checkpoint += 1
+    params = np.array(reply)  # a copy: the state's buffers are donated to the next message
+    if self._manager is not None and self.since_checkpoint >= self.config.checkpoint_every:
+      self.checkpoint()
+    return params, float(alpha)
+
+  # -- checkpoints --------------------------------------------------------------------------
+
+  def _open_checkpoints(self) -> None:
+    import jax
+    import orbax.checkpoint as ocp
+
+    path = os.path.join(os.path.abspath(str(self.config.checkpoint_dir)), f"shard_{self.shard}")
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False)
+    self._manager = ocp.CheckpointManager(path, options=options)
+    step = self._manager.latest_step()
+    if step is not None:
+      target = {"state": self.state, "updates": np.asarray(0, np.int64)}
+      target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+      payload = self._manager.restore(step, args=ocp.args.StandardRestore(target))
+      self.state = _own(payload["state"])
+      self.counts["global_updates"] = self.restored_updates = int(payload["updates"])
+
+  def checkpoint(self) -> int:
+    """Saves the state now (also called by the driver on a clean stop); returns its step."""
+    import orbax.checkpoint as ocp
+
+    if self._manager is None:
+      return -1
+    updates = self.counts["global_updates"]
+    if self._manager.latest_step() != updates:
+      payload = {"state": self.state, "updates": np.asarray(updates, np.int64)}
+      self._manager.save(updates, args=ocp.args.StandardSave(payload))
+      self._manager.wait_until_finished()
+      self.num_checkpoints += 1
+    self.since_checkpoint = 0
+    return updates
+
+  # -- inspection ---------------------------------------------------------------------------
+
+  def params(self) -> tuple[np.ndarray, int]:
+    """The global slice x~ and the number of global updates so far."""
+    return np.array(self.state.params), self.counts["global_updates"]
+
+  def stats(self) -> dict[str, Any]:
+    """Counters: messages received (each folded message counted), Ray calls, global updates,
+    rejections, checkpoints, restarts, node.
+
+    ``rejected_by_server`` is the server state's count (a non-finite message); ``received``
+    always equals the accepted messages plus both rejection counts.
+    """
+    import ray
+
+    context = ray.get_runtime_context()
+    return {
+      "shard": self.shard,
+      "pid": os.getpid(),
+      "nice": os.nice(0),
+      **self.counts,
+      "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
+      "checkpoints": self.num_checkpoints,
+      "restored_updates": self.restored_updates,
+      "restarted": bool(context.was_current_actor_reconstructed),
+      "node_id": context.get_node_id(),
+    }

@@ -1,0 +1,74 @@
+"""SIGINT / SIGTERM in the driver: remembered, so that no Ray internal can swallow them.
+
+Python runs a signal handler in the main thread between two bytecodes; the ``KeyboardInterrupt``
+it raises can land in code that does not pass it on (a finaliser such as an object reference's
+``__del__``, which CPython reports as "Exception ignored", or a library's catch-all), and the
+run then carries on as if nothing had happened: the race behind an interrupted driver that
+trained to the end and exited 0. Here the handler records the signal before raising, and the
+driver checks that record after every wait (:meth:`StopSignals.check`), so the stop always
+happens, within one scheduler pass. Inside :meth:`StopSignals.deferred` (``ray.init``,
+shutdown) the handler only records: a second Ctrl-C cannot cut the clean-up short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from optax_lena._src.aladdin.ray.config import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignals:
+  """Installs the handlers (main thread only; elsewhere it does nothing) until :meth:`restore`."""
+
+  def __init__(self) -> None:
+    self.received: int | None = None
+    self._defer = 0
+    self._previous: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+      return
+    for signum in SIGNALS:
+      self._previous[signum] = signal.signal(signum, self._handle)
+
+  def _handle(self, signum: int, frame: Any) -> None:
+    if self.received is None:
+      self.received = signum
+    if not self._defer:
+      raise Interrupted(signum)
+
+  def check(self) -> None:
+    """Raises :class:`Interrupted` if a signal was received."""
+    if self.received is not None:
+      raise Interrupted(self.received)
+
+  @contextlib.contextmanager
+  def deferred(self) -> Iterator[None]:
+    """Signals are only recorded inside (check them afterwards)."""
+    self._defer += 1
+    try:
+      yield
+    finally:
+      self._defer -= 1
+
+  def restore(self) -> None:
+    """Puts the previous handlers back."""
+    for signum, handler in self._previous.items():
+      with contextlib.suppress(ValueError, TypeError):
+        signal.signal(signum, handler)
+    self._previous = {}
+
+
+def exit_on_stop_signals() -> None:
+  """For programs: SIGTERM raises :class:`Interrupted` like Ctrl-C, so that one ``except
+  KeyboardInterrupt`` handles both and the program can exit with ``exit_code`` (143 / 130)."""
+
+  def handle(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+  for signum in SIGNALS:
+    signal.signal(signum, handle)

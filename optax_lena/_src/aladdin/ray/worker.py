@@ -1,0 +1,233 @@
+"""A worker actor: its data, local model and optimizer state; runs its algorithm's iterations
+(:mod:`~optax_lena._src.aladdin.ray.iterations`) in chunks scheduled by the driver."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray.config import Config, Task
+from optax_lena._src.aladdin.ray.iterations import max_fold
+from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.outbox import Outbox
+
+TOTALS = ("iterations", "compute_s", "sleep_s", "wait_s", "busy_s")
+
+
+class Worker:
+  """Worker ``index`` (a Ray actor; plain class here).
+
+  Args:
+    index: the worker's index.
+    task: what to train.
+    config: how.
+    shards: the PS shard actors (ALADDIN, ASP, EASGD).
+    peers: AR-SGD's reducers (one per shard) or SGP's mailbox.
+    nice: CPU priority decrease (``os.nice``).
+  """
+
+  def __init__(
+    self,
+    index: int,
+    task: Task,
+    config: Config,
+    shards: Sequence[Any],
+    peers: Sequence[Any],
+    nice: int = 0,
+  ):
+    if 0 < config.worker_gpus < 1:
+      # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
+      # before JAX starts its backend, in the first computation below.
+      os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+    import ray
+
+    if nice:
+      os.nice(nice)
+    self.index, self.task, self.config = index, task, config
+    self.shards, self.peers = list(shards), list(peers)
+    self.layout = FlatLayout(task.init_params, config.ps_shards)
+    iteration = algorithms.entry(config.name).engine("ray")
+    fold = max_fold(iteration, config.spec)
+    self.outbox = Outbox(
+      index, self.shards, self.layout, config.max_inflight, fold, config.fold or fold
+    )
+    context = ray.get_runtime_context()
+    self.incarnation = int(bool(context.was_current_actor_reconstructed))
+    self.slowdown = float(config.slowdown.get(index, 1.0))
+    # A worker (re)starts from the current global model: after a restart by Ray it resumes the
+    # training where the cluster is, not from the initial parameters.
+    self.start_updates = 0
+    params = task.init_params
+    if iteration.peers == "shards":
+      params, self.start_updates = self._fetch_global()
+    self.params = jax.tree.map(jax.numpy.asarray, params)
+    tx = config.spec.worker_tx
+    self.opt_state = tx.init(self.params) if tx is not None else ()
+    self.global_flat = self.layout.to_vector(params)  # the last x~ slices received
+    self.alphas = np.zeros(self.layout.num_shards, np.float32)
+    self.pending = False
+    self.iteration = 0
+    self.last_loss: Any = float("nan")
+    self.totals: dict[str, Any] = {key: 0 for key in TOTALS} | {"merges": 0}
+    # Restarted incarnations draw another data order (the killed one's position is lost).
+    self.batches = task.batches(index, config.seed * 1000 + 17 * self.incarnation)
+    self.algorithm = iteration(self)
+    first = next(self.batches)  # kept for the first iteration
+    self.batches = itertools.chain([first], self.batches)
+    self.algorithm.warm_up(first)
+    self.devices = [str(d) for d in jax.local_devices()]
+
+  def _fetch_global(self) -> tuple[Any, int]:
+    import ray
+
+    replies = ray.get([s.params.remote() for s in self.shards])
+    vector = self.layout.join([p for p, _ in replies])
+    return self.layout.to_tree(vector), min(n for _, n in replies)
+
+  # -- what the iterations share --------------------------------------------------------------
+
+  def sleep_for(self, compute_s: float) -> float:
+    """The emulated straggler: sleeps ``(slowdown - 1)`` times the compute time."""
+    if self.slowdown <= 1.0:
+      return 0.0
+    pause = (self.slowdown - 1.0) * compute_s
+    time.sleep(pause)
+    return pause
+
+  def accept(self, calls: list[list[Any]]) -> None:
+    """Keeps the shards' replies of finished calls for the next step's merge. A shard that
+    replies twice before the next step has its first reply merged at once, so that every reply
+    is applied, in order."""
+    for replies in calls:
+      if all(r is None for r in replies):
+        continue
+      for s, reply in enumerate(replies):
+        if reply is None:
+          continue
+        if self.pending and self.alphas[s] != 0:
+          self.merge_pending()
+        a, b = self.layout.bounds[s], self.layout.bounds[s + 1]
+        self.global_flat[a:b] = reply[0]
+        self.alphas[s] = reply[1]
+        self.pending = True
+      self.totals["merges"] += 1
+
+  def take_pending(self) -> tuple[np.ndarray, np.ndarray] | None:
+    """The replies to merge at the start of the next step (None if none), then forgotten."""
+    if not self.pending:
+      return None
+    alphas = self.alphas.copy()
+    self.alphas[:] = 0.0
+    self.pending = False
+    return self.global_flat.copy(), alphas
+
+  def merge_pending(self) -> None:
+    """Merges what is pending now (Eq. 3), outside a step."""
+    import jax
+
+    from optax_lena._src.aladdin.worker import worker_merge
+
+    pending = self.take_pending()
+    if pending is None:
+      return
+    layout = self.layout
+    if not hasattr(self, "_merge"):
+      self._merge = jax.jit(
+        lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
+      )
+    self.params = self._merge(self.params, *pending)
+
+  # -- what the driver calls ------------------------------------------------------------------
+
+  def _iterate(self, sync: bool, deadline: float | None) -> dict[str, float]:
+    stats = self.algorithm.iterate(sync, deadline)
+    if not stats.pop("skipped", 0.0):
+      self.iteration += 1
+      stats["iterations"] = 1
+    return stats
+
+  def run(
+    self,
+    deadline: float | None,
+    max_seconds: float | None = None,
+    max_iterations: int | None = None,
+  ) -> dict[str, Any]:
+    """Runs iterations until ``deadline`` (``time.time()``), ``max_seconds`` or
+    ``max_iterations``, whichever comes first; returns this chunk's statistics."""
+    start = time.perf_counter()
+    stats: dict[str, Any] = {key: 0 for key in TOTALS}
+    merges = self.totals["merges"]
+    while not (
+      (deadline is not None and time.time() >= deadline)
+      or (max_seconds is not None and time.perf_counter() - start >= max_seconds)
+      or (max_iterations is not None and stats["iterations"] >= max_iterations)
+    ):
+      for key, value in self._iterate(False, deadline).items():
+        stats[key] += value
+    stats["busy_s"] = time.perf_counter() - start
+    for key in TOTALS:
+      self.totals[key] += stats[key]
+    stats["merges"] = self.totals["merges"] - merges
+    return {**stats, **self._identity()}
+
+  def step_sync(self) -> dict[str, Any]:
+    """One iteration that waits for every reply (the deterministic schedule)."""
+    start = time.perf_counter()
+    merges = self.totals["merges"]
+    stats: dict[str, Any] = self._iterate(True, None)
+    stats["busy_s"] = time.perf_counter() - start
+    for key in TOTALS:
+      self.totals[key] += stats.get(key, 0)
+    stats["merges"] = self.totals["merges"] - merges
+    return {**stats, **self._identity()}
+
+  def flush(self) -> int:
+    """Sends every folded message and merges every reply; returns the messages sent so far per
+    shard."""
+    if self.shards:
+      self.totals["wait_s"] += self.outbox.flush()
+      self.accept(self.outbox.take())
+    self.merge_pending()
+    return self.outbox.sent[0] if self.outbox.sent else 0
+
+  def _identity(self) -> dict[str, Any]:
+    return {
+      "worker": self.index,
+      "pid": os.getpid(),
+      "incarnation": self.incarnation,
+      "start_updates": self.start_updates,
+      "loss": float(self.last_loss),
+    }
+
+  def get_params(self) -> Any:
+    """The local model x_i (NumPy; SGP: the de-biased model), pending replies merged."""
+    import jax
+
+    self.merge_pending()
+    local = getattr(self.algorithm, "local_params", lambda: self.params)()
+    return jax.tree.map(np.asarray, jax.device_get(local))
+
+  def info(self) -> dict[str, Any]:
+    """Identity (pid, node, incarnation, global updates at start), running totals, messages
+    sent per shard, devices and the accelerators Ray assigned."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return {
+      **self._identity(),
+      **self.totals,
+      "sent": list(self.outbox.sent),
+      "calls": self.outbox.calls,
+      "node_id": context.get_node_id(),
+      "devices": self.devices,
+      "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},
+      "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+      "nice": os.nice(0),
+    }

@@ -1,0 +1,197 @@
+"""The simulator's event engine, its per-worker record and the base of every algorithm's process.
+
+Everything here is timing: when a worker computes, when a message leaves, crosses the wire and
+is received, when a parameter-server (PS) shard is free. What the computations do is the
+business of the process's compute object (:mod:`optax_lena._src.aladdin.sim_compute`), which in
+the timing-only mode does nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from optax_lena._src.aladdin.cluster import Cluster
+
+
+class Engine:
+  """The heap of events and the busy-until times of every link and PS shard."""
+
+  def __init__(self, cluster: Cluster, record: bool):
+    self.cluster = cluster
+    self.heap: list[tuple[float, int, Callable[..., None], tuple]] = []
+    self.seq = 0
+    self.now = 0.0
+    self.up_free = [0.0] * cluster.num_nics
+    self.down_free = [0.0] * cluster.num_nics
+    self.ps_free = [0.0] * cluster.num_shards
+    self.record = record
+    self.events: list[tuple[float, str, int]] = []
+    self.num_events = 0
+    self.stopped = False
+
+  def at(self, when: float, handler: Callable[..., None], *args: Any) -> None:
+    # The sequence number breaks ties: same-time events run in scheduling order, and the
+    # handler is never compared.
+    heapq.heappush(self.heap, (when, self.seq, handler, args))
+    self.seq += 1
+
+  def log(self, kind: str, worker: int) -> None:
+    if self.record:
+      self.events.append((self.now, kind, worker))
+
+  def run(self, until: float) -> None:
+    while self.heap and not self.stopped:
+      when, _, handler, args = heapq.heappop(self.heap)
+      if when > until:
+        self.now = until
+        self.stopped = True
+        return
+      self.now = when
+      self.num_events += 1
+      handler(*args)
+
+  def send(
+    self, src: int, dst: int, nbytes: float, on_arrival: Callable[..., None], *args: Any
+  ) -> float:
+    """A message from NIC ``src`` to NIC ``dst``: uplink now (FIFO), wire latency, downlink
+    FIFO in the order the messages reach the receiver; ``on_arrival(*args)`` at the end.
+    Returns the time the message has left the sender's uplink.
+
+    Two endpoints on one machine (a worker and a co-located PS shard) exchange messages through
+    memory: no NIC, no latency, arrival now."""
+    if src == dst:
+      self.at(self.now, on_arrival, *args)
+      return self.now
+    wire = self.cluster.wire_time(nbytes, src)
+    start = max(self.now, self.up_free[src])
+    self.up_free[src] = start + wire
+    self.at(
+      start + wire + self.cluster.latency,
+      self._reach,
+      dst,
+      self.cluster.wire_time(nbytes, dst),
+      on_arrival,
+      args,
+    )
+    return start + wire
+
+  def _reach(self, dst: int, wire: float, on_arrival: Callable[..., None], args: tuple) -> None:
+    arrival = max(self.now, self.down_free[dst] + wire)
+    self.down_free[dst] = arrival
+    self.at(arrival, on_arrival, *args)
+
+  def ps_process(
+    self, shard: int, nbytes: float, update: bool, on_done: Callable[..., None], *args: Any
+  ) -> None:
+    """PS shard ``shard`` processes one message (FIFO, one at a time) and then calls
+    ``on_done(*args)``."""
+    start = max(self.now, self.ps_free[shard])
+    self.ps_free[shard] = start + self.cluster.ps_time(nbytes, update=update)
+    self.at(self.ps_free[shard], on_done, *args)
+
+
+@dataclasses.dataclass(eq=False)
+class Worker:
+  """Everything the simulator knows about one worker (a process may add fields).
+
+  Attributes:
+    index: the worker's index i.
+    jitter: its compute-time jitter generator, seeded by (seed, i, 1).
+    iterations: iterations it completed.
+    wait: simulated seconds it spent idle.
+    messages: messages it sent.
+    idle_since: when it last stopped computing.
+    model: its training state, owned by the compute object (None in the timing-only mode).
+  """
+
+  index: int
+  jitter: np.random.Generator
+  iterations: int = 0
+  wait: float = 0.0
+  messages: int = 0
+  idle_since: float = 0.0
+  model: Any = None
+
+
+class Process:
+  """One algorithm's message pattern on a cluster (subclass per algorithm).
+
+  A subclass sets ``worker_type`` (its :class:`Worker` record) and ``training`` (its training
+  compute class), implements :meth:`computed` (a worker finished an iteration) and the handlers
+  it schedules, and calls the compute object for every computation; it attaches itself to the
+  algorithm's registry entry (``entry(name).attach("simulator", cls)``).
+  """
+
+  worker_type: ClassVar[type[Worker]] = Worker
+  training: ClassVar[type]
+
+  def __init__(
+    self,
+    spec: Any,
+    cluster: Cluster,
+    compute: Any,
+    *,
+    batch_size: int,
+    nbytes: float,
+    num_samples: int | None,
+    num_evals: int,
+    seed: int,
+    record_events: bool,
+  ):
+    self.spec, self.cluster, self.compute = spec, cluster, compute
+    self.n = cluster.num_workers
+    self.batch_size = batch_size
+    self.nbytes = float(nbytes)
+    self.budget = num_samples
+    self.engine = Engine(cluster, record_events)
+    self.samples = 0
+    # Compute-time jitter: one generator per worker, apart from the batch streams' (seed, i).
+    self.workers: list[Any] = [
+      self.worker_type(i, np.random.default_rng([seed, i, 1])) for i in range(self.n)
+    ]
+    self.eval_every = (num_samples / num_evals) if num_samples and num_evals > 0 else math.inf
+    self.next_eval = self.eval_every
+
+  # -- hooks of the algorithms --------------------------------------------------------------
+  def start(self) -> None:
+    """Schedules the first events (default: every worker starts computing)."""
+    for worker in self.workers:
+      self.begin(worker)
+
+  def computed(self, worker: Any) -> None:
+    """``worker`` (a ``worker_type`` record) has finished computing an iteration."""
+    raise NotImplementedError
+
+  # -- shared -------------------------------------------------------------------------------
+  def compute_time(self, worker: Worker) -> float:
+    base = self.cluster.compute_time[worker.index]
+    if not self.cluster.jitter:
+      return base
+    return base * (1.0 + self.cluster.jitter * (2.0 * worker.jitter.random() - 1.0))
+
+  def begin(self, worker: Worker) -> None:
+    """``worker`` starts an iteration now (its idle time since ``idle_since`` counts as
+    waiting)."""
+    e = self.engine
+    worker.wait += e.now - worker.idle_since
+    e.at(e.now + self.compute_time(worker), self.computed, worker)
+
+  def evaluate(self) -> None:
+    self.compute.evaluate(self.engine.now, self.samples, self.samples / (self.n * self.batch_size))
+
+  def count_samples(self, count: int) -> None:
+    """Adds processed samples; evaluates on the schedule and stops at the budget."""
+    self.samples += count
+    while self.samples >= self.next_eval - 1e-9 and (
+      self.budget is None or self.next_eval < self.budget - 1e-9
+    ):
+      self.evaluate()
+      self.next_eval += self.eval_every
+    if self.budget is not None and self.samples >= self.budget:
+      self.engine.stopped = True

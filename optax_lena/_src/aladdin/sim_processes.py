@@ -1,0 +1,283 @@
+"""The message pattern of every algorithm in the simulator: one process per algorithm.
+
+Each process attaches itself to its algorithm's registry entry (the registry of
+:mod:`optax_lena._src.aladdin.algorithms` is the only table from a name to an algorithm) and
+names its training compute; it calls the compute object for every computation, which in the
+timing-only mode does nothing.
+
+* ``aladdin``: a worker computes, applies its local self-update, pushes its message to the PS and
+  starts its next iteration at once (it never waits, unless ``Cluster.send_buffer`` bounds the
+  messages queued on its uplink and the link does not keep up); the replies that arrived during
+  an iteration are merged (Eq. 3) at its end. The PS processes messages in arrival order and
+  replies to a worker once every ``period`` of its messages.
+* ``ar_sgd``: a barrier every iteration: the all-reduce starts when the slowest worker is done
+  and takes the ring all-reduce time; then every worker applies the mean gradient.
+* ``asp``: a worker sends its gradient and waits for the updated global model (symmetric).
+* ``easgd``: local steps; every ``tau`` iterations a worker sends its model to the PS and waits
+  for the elastic exchange's answer.
+* ``sgp``: push-sum gossip: each iteration a worker sends half its (model, weight) to one peer of
+  a directed exponential graph and, before its next iteration, must have received the message
+  its in-peer sent one iteration earlier (1-overlap).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin import sim_compute as sc
+from optax_lena._src.aladdin.sim_engine import Process, Worker
+
+
+def simulates(name: str):
+  """Class decorator: attaches a process to the registry entry of algorithm ``name``."""
+
+  def attach(process: type[Process]) -> type[Process]:
+    algorithms.entry(name).attach("simulator", process)
+    return process
+
+  return attach
+
+
+@dataclasses.dataclass(eq=False)
+class AladdinWorker(Worker):
+  inbox: list[Any] = dataclasses.field(default_factory=list)  # replies not merged yet
+  leaving: list[float] = dataclasses.field(default_factory=list)  # when queued messages leave
+  # Per PS shard: messages since the last reply (the PS's c_i, tracked here to time the global
+  # updates without reading the device) and replies (for ``reply_every``).
+  ps_counts: list[int] = dataclasses.field(default_factory=list)
+  reply_counts: list[int] = dataclasses.field(default_factory=list)
+
+
+@simulates("aladdin")
+class AladdinProcess(Process):
+  """Workers push and never wait; the PS replies every ``period`` messages of a worker."""
+
+  worker_type = AladdinWorker
+  training = sc.AladdinTraining
+  workers: list[AladdinWorker]
+
+  def start(self) -> None:
+    for w in self.workers:
+      w.ps_counts = [0] * self.cluster.num_shards
+      w.reply_counts = [0] * self.cluster.num_shards
+    super().start()
+
+  def computed(self, w: AladdinWorker) -> None:
+    e = self.engine
+    e.log("compute", w.index)
+    w.iterations += 1
+    message = self.compute.step(w)
+    w.idle_since = e.now
+    # A bounded send buffer: with `send_buffer` messages still queued on its uplink, the worker
+    # waits until the oldest has left (never the case when the links keep up).
+    w.leaving = [t for t in w.leaving if t > e.now]
+    limit = self.cluster.send_buffer
+    if limit is not None and len(w.leaving) >= limit:
+      e.at(w.leaving[len(w.leaving) - limit], self.push, w, message)
+    else:
+      self.push(w, message)
+
+  def push(self, w: AladdinWorker, message: Any) -> None:
+    e = self.engine
+    # Push the message (each shard its slice); do not wait for an answer.
+    w.messages += 1
+    src = self.cluster.worker_nic(w.index)
+    left = e.now
+    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
+      left = e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
+    w.leaving.append(left)
+    # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
+    for reply in w.inbox:
+      self.compute.merge(w, reply)
+      e.log("merge", w.index)
+    w.inbox = []
+    self.count_samples(self.batch_size)
+    self.begin(w)
+
+  def ps_arrive(self, s: int, w: AladdinWorker, nbytes: float, message: Any) -> None:
+    w.ps_counts[s] += 1
+    update = w.ps_counts[s] >= self.spec.period
+    if update:
+      w.ps_counts[s] = 0
+    reply = update
+    if self.spec.reply_every:
+      w.reply_counts[s] += 1
+      reply = update and w.reply_counts[s] % self.spec.reply_every == 0
+    self.engine.ps_process(s, nbytes, update, self.ps_done, s, w, nbytes, message, reply)
+
+  def ps_done(self, s: int, w: AladdinWorker, nbytes: float, message: Any, send: bool) -> None:
+    self.engine.log("receive", w.index)
+    reply = self.compute.receive(w, message)
+    if send:
+      self.engine.send(
+        self.cluster.ps_nic(s),
+        self.cluster.worker_nic(w.index),
+        nbytes,
+        self.reply_arrive,
+        w,
+        reply,
+      )
+
+  def reply_arrive(self, w: AladdinWorker, reply: Any) -> None:
+    self.engine.log("reply", w.index)
+    w.inbox.append(reply)
+
+
+@simulates("ar_sgd")
+class ArSgdProcess(Process):
+  """A barrier every iteration, then a ring all-reduce of the gradients."""
+
+  training = sc.ArSgdTraining
+
+  def start(self) -> None:
+    self.arrived = 0
+    super().start()
+
+  def computed(self, w: Worker) -> None:
+    e = self.engine
+    e.log("compute", w.index)
+    w.iterations += 1
+    w.idle_since = e.now
+    self.arrived += 1
+    if self.arrived == self.n:
+      self.arrived = 0
+      e.at(e.now + self.cluster.allreduce_time(self.nbytes), self.reduced)
+
+  def reduced(self) -> None:
+    self.compute.cluster_step(self.workers)
+    for w in self.workers:
+      w.messages += 1
+    self.count_samples(self.n * self.batch_size)
+    for w in self.workers:
+      self.begin(w)
+
+
+@dataclasses.dataclass(eq=False)
+class SymmetricWorker(Worker):
+  pending: int = 0  # shards whose answer has not arrived yet
+
+
+class SymmetricExchange(Process):
+  """A worker sends to every shard, waits for all the answers, merges the last (ASP: x~; EASGD:
+  the elastic local model, both with weight 1) and starts its next iteration."""
+
+  worker_type = SymmetricWorker
+
+  def send_to_shards(self, w: SymmetricWorker, message: Any) -> None:
+    w.messages += 1
+    w.pending = self.cluster.num_shards
+    src = self.cluster.worker_nic(w.index)
+    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
+      self.engine.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
+
+  def ps_arrive(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
+    self.engine.ps_process(s, nbytes, True, self.ps_done, s, w, nbytes, message)
+
+  def ps_done(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
+    reply = self.compute.receive(w, message)
+    self.engine.send(
+      self.cluster.ps_nic(s), self.cluster.worker_nic(w.index), nbytes, self.reply_arrive, w, reply
+    )
+
+  def reply_arrive(self, w: SymmetricWorker, reply: Any) -> None:
+    self.engine.log("reply", w.index)
+    w.pending -= 1
+    if w.pending == 0:
+      self.compute.merge(w, reply)
+      self.begin(w)
+
+
+@simulates("asp")
+class AspProcess(SymmetricExchange):
+  """Send the gradient, wait for the PS to apply it and send x~ back, adopt it."""
+
+  training = sc.AspTraining
+
+  def computed(self, w: SymmetricWorker) -> None:
+    e = self.engine
+    e.log("compute", w.index)
+    w.iterations += 1
+    grads = self.compute.gradient(w)
+    w.idle_since = e.now
+    self.send_to_shards(w, grads)
+    self.count_samples(self.batch_size)
+
+
+@simulates("easgd")
+class EasgdProcess(SymmetricExchange):
+  """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
+
+  training = sc.EasgdTraining
+
+  def computed(self, w: SymmetricWorker) -> None:
+    e = self.engine
+    e.log("compute", w.index)
+    w.iterations += 1
+    self.compute.step(w)
+    w.idle_since = e.now
+    self.count_samples(self.batch_size)
+    if w.iterations % self.spec.tau:
+      self.begin(w)
+      return
+    self.send_to_shards(w, None)  # the PS reads the model the waiting worker holds
+
+
+@dataclasses.dataclass(eq=False)
+class SgpWorker(Worker):
+  inbox: dict[int, Any] = dataclasses.field(default_factory=dict)  # round -> peer's message
+  waiting_for: int = -1  # the round whose message it needs before its next iteration
+
+
+@simulates("sgp")
+class SgpProcess(Process):
+  """Push-sum to one peer per iteration; wait for the in-peer's message of the previous
+  iteration before starting the next (1-overlap). The peers are ``al.sgp``'s."""
+
+  worker_type = SgpWorker
+  training = sc.SgpTraining
+  workers: list[SgpWorker]
+
+  def start(self) -> None:
+    self.gossip = self.spec.gossip(self.n)
+    super().start()
+
+  def computed(self, w: SgpWorker) -> None:
+    e = self.engine
+    e.log("compute", w.index)
+    k = w.iterations
+    w.iterations += 1
+    message = self.compute.step(w)
+    w.messages += 1
+    peer = self.workers[self.gossip.peer(w.index, k)]
+    e.send(
+      self.cluster.worker_nic(w.index),
+      self.cluster.worker_nic(peer.index),
+      self.nbytes,
+      self.peer_arrive,
+      peer,
+      k,
+      message,
+    )
+    self.count_samples(self.batch_size)
+    w.idle_since = e.now
+    if k == 0:
+      self.begin(w)
+    else:
+      w.waiting_for = k - 1
+      self.try_continue(w)
+
+  def peer_arrive(self, w: SgpWorker, tag: int, message: Any) -> None:
+    self.engine.log("gossip", w.index)
+    w.inbox[tag] = message
+    self.try_continue(w)
+
+  def try_continue(self, w: SgpWorker) -> None:
+    tag = w.waiting_for
+    if tag < 0 or tag not in w.inbox:
+      return
+    message = w.inbox.pop(tag)
+    w.waiting_for = -1
+    self.compute.mix(w, message)
+    self.begin(w)

@@ -1,0 +1,139 @@
+"""Driver scripts the Ray tests run in subprocesses (each needs a Ray session of its own).
+
+``python -m tests.aladdin.ray.driver multinode OUT.npz`` runs the deterministic schedule on one
+node, then on a two-node ``ray.cluster_utils.Cluster`` (PS shards on one node, workers on the
+other, placed with custom resources), and saves both global models and the actors' nodes.
+
+``python -m tests.aladdin.ray.driver train TEMP_DIR SECONDS`` starts a local cluster under
+``TEMP_DIR`` and prints ``STARTING`` (before the runtime starts), ``RUNNING`` (training) and
+``STOPPING`` (training done, shutting down). Exit status 3 with the error on stderr when the
+cluster is lost; 130 / 143 once everything is down after SIGINT / SIGTERM, at any moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+# Nodes started by this process (cluster_utils) advertise and bind 127.0.0.1 only.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+from optax_lena.aladdin import distributed as ad
+
+ad.exit_on_stop_signals()  # SIGTERM like Ctrl-C from here on, before anything slow
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from tests.aladdin.ray import helpers  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(helpers)
+
+ITERATIONS = 6
+
+
+def _deterministic(**placement: object) -> tuple[dict, list[str], list[str]]:
+  config = ad.Config(
+    algorithm=helpers.spec("aladdin"),
+    num_workers=2,
+    ps_shards=2,
+    deterministic=True,
+    **placement,  # type: ignore[arg-type]
+  )
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(iterations=ITERATIONS, progress=False)
+    shard_nodes = [s["node_id"] for s in result.shards]
+    worker_nodes = [w["node_id"] for w in result.workers]
+  return result.final_params, shard_nodes, worker_nodes
+
+
+def _two_nodes(cluster_cls: type, attempts: int = 3) -> tuple:
+  """A head node holding the PS resource and a second node holding the workers'. Ray waits a
+  fixed 30 s for a raylet to register, which a busy 2-core machine can miss: only that start-up
+  time-out is retried, with a fresh cluster."""
+  for attempt in range(attempts):
+    cluster = cluster_cls()
+    try:
+      head = cluster.add_node(num_cpus=1, resources={"aladdin_ps": 10}, include_dashboard=False)
+      other = cluster.add_node(num_cpus=1, resources={"aladdin_workers": 10})
+      return cluster, head, other
+    except Exception as error:
+      cluster.shutdown()
+      if "timed out during startup" not in str(error) or attempt == attempts - 1:
+        raise
+      print(f"node start-up timed out (attempt {attempt + 1}); retrying", file=sys.stderr)
+  raise AssertionError("unreachable")
+
+
+def multinode(out: str) -> None:
+  from ray.cluster_utils import Cluster
+
+  ad.connect(num_cpus=1)
+  single, _, _ = _deterministic()
+  ray.shutdown()
+
+  cluster, head, other = _two_nodes(Cluster)
+  try:
+    ad.connect(address=cluster.address)
+    multi, shard_nodes, worker_nodes = _deterministic(
+      server_resources={"aladdin_ps": 1}, worker_resources={"aladdin_workers": 1}
+    )
+    ray.shutdown()
+  finally:
+    cluster.shutdown()
+  np.savez(
+    out,
+    **{f"single_{k}": np.asarray(v) for k, v in single.items()},
+    **{f"multi_{k}": np.asarray(v) for k, v in multi.items()},
+  )
+  nodes = {"head": head.node_id, "other": other.node_id}
+  print(json.dumps({**nodes, "shard_nodes": shard_nodes, "worker_nodes": worker_nodes}))
+
+
+def _runtime(config: ad.Config, temp_dir: str, attempts: int = 3) -> ad.Runtime:
+  """Ray waits a fixed 30 s for a new raylet to register, which a loaded 2-core machine can
+  miss: only that start-up time-out is retried, after killing what the attempt started."""
+  import psutil
+
+  for attempt in range(attempts):
+    try:
+      return ad.Runtime(helpers.make_task(), config, num_cpus=1, temp_dir=temp_dir, stall_timeout=5)
+    except Exception as error:
+      if "timed out during startup" not in str(error) or attempt == attempts - 1:
+        raise
+      helpers.kill_all(psutil.Process().children(recursive=True))
+      print(f"node start-up timed out (attempt {attempt + 1}); retrying", file=sys.stderr)
+  raise AssertionError("unreachable")
+
+
+def train(temp_dir: str, seconds: float) -> int:
+  config = ad.Config(algorithm=helpers.spec("aladdin"), num_workers=2, chunk_seconds=0.2)
+  print("STARTING", flush=True)
+  with _runtime(config, temp_dir) as runtime:
+    print("RUNNING", flush=True)
+    runtime.run(seconds, progress=False)
+    print("STOPPING", flush=True)
+  return 0
+
+
+def main() -> int:
+  try:
+    if sys.argv[1] == "multinode":
+      multinode(sys.argv[2])
+      return 0
+    return train(sys.argv[2], float(sys.argv[3]))
+  except ad.ClusterLostError as err:
+    print(f"ClusterLostError: {err}", file=sys.stderr, flush=True)
+    return 3
+  except ad.Interrupted as err:
+    print(f"interrupted by signal {err.signum}, shut down at {time.time():.1f}", file=sys.stderr)
+    return err.exit_code
+  except KeyboardInterrupt:
+    print("interrupted, shut down", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

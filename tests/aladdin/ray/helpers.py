@@ -1,0 +1,195 @@
+"""A tiny ALADDIN task for the Ray tests, and helpers to find a Ray session's processes.
+
+Everything here is importable by the Ray actors (module-level, picklable by reference) and by the
+driver scripts the tests run in subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+DIM = 8
+BATCH = 16
+
+
+def loss_fn(params: dict[str, Any], batch: tuple[Any, Any]) -> Any:
+  """Least squares of a linear model (compiles in well under a second)."""
+  import jax.numpy as jnp
+
+  x, y = batch
+  return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def batches(worker: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Worker ``worker``'s endless, seeded mini-batches of a noiseless linear problem."""
+  rng = np.random.default_rng([seed, worker])
+  w = (np.arange(DIM, dtype=np.float32)[:, None] + 1) / DIM
+  while True:
+    x = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+    yield x, x @ w + 0.5
+
+
+def init_params() -> dict[str, np.ndarray]:
+  """Zero parameters of the linear model."""
+  return {"w": np.zeros((DIM, 1), np.float32), "b": np.zeros((1,), np.float32)}
+
+
+def poisoned_batches(worker: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Fault injection from the task's side: worker 1's batches are NaN, so every message it
+  computes is non-finite; the other workers' are :func:`batches`."""
+  for x, y in batches(worker, seed):
+    yield (x * np.nan, y) if worker == 1 else (x, y)
+
+
+LR = 0.02  # momentum 0.9 on this problem: stable with the replies' delay on a loaded machine
+
+
+def make_task(batches_fn: Any = None) -> Any:
+  """The ``ad.Task`` of the tests."""
+  from optax_lena.aladdin import distributed as ad
+
+  return ad.Task(loss_fn, init_params(), batches_fn or batches, batch_size=BATCH)
+
+
+def spec(name: str = "aladdin", **options: Any) -> Any:
+  """The algorithm's spec with the tests' optimizers (ALADDIN: period 2, the recipe otherwise)."""
+  import optax
+
+  from optax_lena import aladdin as al
+
+  if name == "asp":
+    return al.algorithm("asp", server_tx=optax.sgd(LR), **options)
+  if name == "aladdin":
+    options.setdefault("period", 2)
+  return al.algorithm(name, worker_tx=al.local_optimizer(LR, weight_decay=0.0), **options)
+
+
+def held_out_loss(params: Any) -> float:
+  """The loss on a held-out batch."""
+  return float(loss_fn(params, next(batches(99, 99))))
+
+
+def session_processes(marker: str) -> list[Any]:
+  """Live processes whose command line mentions ``marker`` (a Ray temp dir is in every Ray
+  process's command line: gcs_server, raylet, agents, workers)."""
+  import psutil
+
+  found = []
+  for proc in psutil.process_iter(["pid", "cmdline"]):
+    with contextlib.suppress(psutil.Error):
+      if proc.pid != os.getpid() and marker in " ".join(proc.info["cmdline"] or []):
+        found.append(proc)
+  return found
+
+
+def actor_processes() -> list[Any]:
+  """Live Ray worker processes: they retitle themselves ``ray::<Class>`` (``ray::IDLE`` when
+  idle), so their command line no longer shows the session's temp dir."""
+  import psutil
+
+  found = []
+  for proc in psutil.process_iter(["pid", "cmdline"]):
+    with contextlib.suppress(psutil.Error, IndexError, TypeError):
+      if proc.info["cmdline"][0].startswith("ray::"):
+        found.append(proc)
+  return found
+
+
+def _of_another_session(proc: Any, marker: str) -> bool:
+  """A ``ray::`` process whose raylet is alive and not of this session: another Ray session on
+  the same machine (other tests, other users) started it. The raylet is the one named by a
+  worker's ``RAY_RAYLET_PID``, or the parent of an agent (``ray::DashboardAgent``, ...)."""
+  import psutil
+
+  pids = []
+  with contextlib.suppress(psutil.Error, KeyError, ValueError):
+    pids.append(int(proc.environ()["RAY_RAYLET_PID"]))
+  with contextlib.suppress(psutil.Error):
+    pids.append(proc.ppid())
+  for pid in pids:
+    with contextlib.suppress(psutil.Error):
+      command = " ".join(psutil.Process(pid).cmdline())
+      if "raylet" in command:
+        return marker not in command
+  return False
+
+
+def processes_since(marker: str, before: set[int]) -> list[Any]:
+  """The session's processes (``marker`` in the command line) and every Ray worker process that
+  did not exist in ``before`` (pids of :func:`actor_processes` taken earlier), except those of
+  another live Ray session."""
+  new_workers = [
+    p for p in actor_processes() if p.pid not in before and not _of_another_session(p, marker)
+  ]
+  return session_processes(marker) + new_workers
+
+
+def ray_processes_of(root_pid: int) -> list[Any]:
+  """The descendants of ``root_pid`` (a driver that started a local Ray cluster)."""
+  import psutil
+
+  with contextlib.suppress(psutil.Error):
+    return psutil.Process(root_pid).children(recursive=True)
+  return []
+
+
+def listening_addresses(processes: list[Any]) -> list[tuple[str, int, str]]:
+  """``(ip, port, process name)`` of every listening TCP socket of ``processes``."""
+  import psutil
+
+  out = []
+  for proc in processes:
+    with contextlib.suppress(psutil.Error):
+      for conn in proc.net_connections(kind="inet"):
+        if conn.status == psutil.CONN_LISTEN:
+          out.append((conn.laddr.ip, conn.laddr.port, proc.name()))
+  return out
+
+
+def is_loopback(ip: str) -> bool:
+  """127.0.0.0/8, ::1 or an IPv4-mapped loopback address."""
+  address = ipaddress.ip_address(ip.split("%")[0])
+  mapped = getattr(address, "ipv4_mapped", None)
+  return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def kill_all(processes: list[Any]) -> None:
+  """SIGKILL every process of the list (the ones a test started; never matched by name)."""
+  for proc in processes:
+    with contextlib.suppress(Exception):
+      os.kill(proc.pid, signal.SIGKILL)
+
+
+class When:
+  """Fault injection from the test's side: a thread that runs ``action()`` once, as soon as
+  ``condition()`` holds (polled every 0.1 s), and records when (``at``)."""
+
+  def __init__(self, condition: Any, action: Any, timeout: float = 90.0):
+    import threading
+    import time
+
+    self.at: float | None = None
+    self.error: BaseException | None = None
+
+    def watch() -> None:
+      deadline = time.time() + timeout
+      while time.time() < deadline:
+        try:
+          if condition():
+            self.at = time.time()
+            action()
+            return
+        except Exception as err:  # reported by the test
+          self.error = err
+          return
+        time.sleep(0.1)
+
+    self.thread = threading.Thread(target=watch, daemon=True)
+    self.thread.start()

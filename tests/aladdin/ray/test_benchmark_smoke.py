@@ -1,0 +1,36 @@
+"""The Ray efficiency benchmark runs end to end (seconds-long runs) and reports every ratio."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
+  out = tmp_path / "efficiency.json"
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.aladdin.ray_efficiency", "--smoke", "--out", str(out)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = json.loads(out.read_text())
+  (single,) = results["single"]
+  pair = single["pairs"][0]
+  assert pair["loop"] > 0 and pair["efficiency"] > 0 and 0 < pair["compute_fraction"] <= 1
+  assert pair["worker_cpu_per_iteration"] > 0 and pair["shard_cpu_per_iteration"] > 0
+  (run,) = results["cluster"]["runs"]["default"]
+  assert len(run["wait_fraction"]) == 2 and run["throughput"] > 0
+  assert "| 32 |" in done.stdout and "efficiency" in done.stdout

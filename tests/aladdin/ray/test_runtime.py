@@ -1,0 +1,320 @@
+"""ALADDIN on Ray, one local Ray cluster for the module: security, bad input, accounting, faults,
+resume, every algorithm, accelerators.
+
+All tests of this module share one Ray session (start-up costs seconds) and run in one xdist
+group, so that two pytest workers never run two of these sessions side by side. The node
+advertises 4 (fake) GPUs, so that accelerator requests can be checked on a CPU-only machine.
+Every test is bounded by an alarm, and the module checks at the end that no process of its
+session is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import jax  # noqa: E402
+
+from optax_lena import aladdin as al  # noqa: E402
+from optax_lena.aladdin import distributed as ad  # noqa: E402
+from tests.aladdin.ray import helpers  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
+
+TEST_SECONDS = 300  # alarm per test: a hung Ray call fails the test instead of the CI job
+
+
+@pytest.fixture(autouse=True)
+def _alarm() -> Iterator[None]:
+  def on_alarm(signum: int, frame: Any) -> None:
+    raise TimeoutError(f"test exceeded {TEST_SECONDS} s")
+
+  previous = signal.signal(signal.SIGALRM, on_alarm)
+  signal.alarm(TEST_SECONDS)
+  try:
+    yield
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[str, set[int]]]:
+  """A local Ray cluster started the way the runtime starts it; yields its temp dir and the Ray
+  worker processes that existed before it (so that its own can be told apart)."""
+  # The actors import the helper module by value: the tests are not on their sys.path.
+  ray.cloudpickle.register_pickle_by_value(helpers)
+  # A short path: Ray's Unix sockets live under it, and their paths must stay < 108 bytes.
+  temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
+  before = {p.pid for p in helpers.actor_processes()}
+  assert ad.connect(num_cpus=2, num_gpus=4, temp_dir=temp_dir)
+  try:
+    yield (temp_dir, before)
+  finally:
+    ray.shutdown()
+    deadline = time.time() + 30
+    while helpers.processes_since(temp_dir, before) and time.time() < deadline:
+      time.sleep(0.5)
+    left = helpers.processes_since(temp_dir, before)
+    helpers.kill_all(left)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not left, f"Ray processes left behind: {[p.pid for p in left]}"
+
+
+def _config(name: str = "aladdin", options: dict[str, Any] | None = None, **kw: Any) -> ad.Config:
+  defaults: dict[str, Any] = {"num_workers": 2, "chunk_seconds": 0.3}
+  return ad.Config(algorithm=helpers.spec(name, **(options or {})), **{**defaults, **kw})
+
+
+def test_local_cluster_binds_loopback_only_and_has_no_dashboard(
+  cluster: tuple[str, set[int]],
+) -> None:
+  with ad.Runtime(helpers.make_task(), _config()) as runtime:
+    runtime.run(1.0, progress=False)
+    # gcs_server, raylet, agents (temp dir in their command line), the actors (retitled
+    # ray::Worker / ray::ServerShard) and this driver: every process that serves the session.
+    processes = [*helpers.processes_since(*cluster), psutil.Process()]
+    actors = [p for p in processes if p.cmdline()[0].startswith("ray::")]
+    addresses = helpers.listening_addresses(processes)
+    actor_addresses = helpers.listening_addresses(actors)
+    heads = [p for p in processes if "dashboard/dashboard.py" in " ".join(p.cmdline())]
+    head_commands = [" ".join(p.cmdline()) for p in heads]
+    head_addresses = helpers.listening_addresses(heads)
+  # gcs_server, raylet and the actors' core workers all listen; none on a non-loopback address.
+  assert len(actors) >= 3 and len(actor_addresses) >= 3, (actors, actor_addresses)
+  assert len(addresses) >= 6, addresses
+  exposed = [a for a in addresses if not helpers.is_loopback(a[0])]
+  assert not exposed, f"listening beyond loopback: {exposed}"
+  # Ray keeps a dashboard head process for usage statistics even without the dashboard: it must
+  # load no other module (no job-submission API, which runs code for anyone who reaches it) and
+  # serve nothing.
+  assert all("--modules-to-load=UsageStatsHead" in c for c in head_commands), head_commands
+  assert not any("JobHead" in c for c in head_commands)
+  assert not head_addresses, head_addresses
+  assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+
+
+def test_bad_messages_are_rejected_counted_and_never_applied(
+  cluster: tuple[str, set[int]],
+) -> None:
+  with ad.Runtime(helpers.make_task(), _config()) as runtime:
+    shard = runtime.shards[0]
+    before = runtime.global_params()
+    size = runtime.layout.size
+    good = np.ones((1, size), np.float32)
+    yes = np.ones(1, bool)
+    replies = ray.get(
+      [
+        shard.receive.remote(0, good * np.nan, yes),
+        shard.receive.remote(0, good + np.inf, yes),
+        shard.receive.remote(1, good, np.zeros(1, bool)),  # the sender found a NaN elsewhere
+        shard.receive.remote(0, np.ones((1, size + 1), np.float32), yes),  # wrong size
+        shard.receive.remote(0, good.astype(np.float64), yes),  # wrong dtype
+        shard.receive.remote(7, good, yes),  # no such worker
+        shard.receive.remote(0, np.ones((3, size), np.float32), np.ones(3, bool)),  # > period
+      ]
+    )
+    assert replies == [None] * 7
+    stats = runtime.shard_stats()[0]
+    assert stats["received"] == 9
+    assert stats["rejected_by_server"] == 3  # non-finite, or refused by its sender
+    assert stats["rejected_malformed"] == 6  # 4 messages, one of them a fold of 3
+    assert stats["global_updates"] == 0
+    jax.tree.map(np.testing.assert_array_equal, runtime.global_params(), before)
+
+  # A worker whose every message is NaN during a run: all rejected and counted, the other
+  # worker trains, the global model stays finite.
+  with ad.Runtime(helpers.make_task(helpers.poisoned_batches), _config()) as runtime:
+    result = runtime.run(2.0, progress=False)
+  stats = result.shards[0]
+  assert stats["rejected_by_server"] == result.workers[1]["sent"][0] > 0
+  assert stats["global_updates"] > 0
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
+  assert result.merges[1] == 0  # the poisoning worker never triggered a global update
+
+
+def test_every_message_is_received_or_counted_as_rejected_with_exactly_n_shards(
+  cluster: tuple[str, set[int]],
+) -> None:
+  config = _config(num_workers=8, ps_shards=3, slowdown={0: 3.0})
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    assert len(runtime.shards) == 3  # exactly as asked (the contiguous buffer cut in three)
+    result = runtime.run(3.0, progress=False)
+  sent = np.asarray([w["sent"] for w in result.workers])  # [worker, shard], after the flush
+  assert sent.shape == (8, 3) and (sent[:, 0] > 0).all()
+  for k, shard in enumerate(result.shards):
+    assert shard["received"] == sent[:, k].sum()
+    assert shard["rejected_by_server"] == shard["rejected_malformed"] == 0
+  # Every worker's messages reach every shard (the shards' counters agree) and each of its
+  # iterations sent one message; the replies merged are the shards' global updates.
+  np.testing.assert_array_equal(sent, sent[:, :1].repeat(3, axis=1))
+  np.testing.assert_array_equal(sent[:, 0], result.iterations)
+  assert sum(result.merges) == result.shards[0]["global_updates"]
+  assert result.shards[0]["calls"] < result.shards[0]["received"]  # messages were folded
+  # 11 actors on 2 CPUs: the shards keep the driver's priority (not Ray's nice 15), the workers
+  # give up 5.
+  assert {s["nice"] for s in result.shards} == {os.nice(0)}
+  assert {w["nice"] for w in result.workers} == {min(os.nice(0) + 5, 19)}
+
+
+def test_killed_worker_restarts_from_the_global_model_while_others_continue(
+  cluster: tuple[str, set[int]],
+) -> None:
+  with ad.Runtime(helpers.make_task(), _config(chunk_seconds=0.2)) as runtime:
+    kill = helpers.When(
+      lambda: runtime.shard_stats()[0]["global_updates"] >= 10,
+      lambda: ray.kill(runtime.workers[0], no_restart=False),
+    )
+    result = runtime.run(8.0, progress=False)
+  assert kill.at is not None and kill.error is None
+  info0, info1 = result.workers
+  assert info0["incarnation"] == 1  # Ray restarted worker 0 in a new process ...
+  assert info0["start_updates"] >= 10  # ... from the current global model ...
+  assert (
+    info1["incarnation"] == 0 and result.iterations[1] > info0["iterations"]
+  )  # ... and 1 went on
+
+
+def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
+  cluster: tuple[str, set[int]], tmp_path: Path
+) -> None:
+  config = _config(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5)
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    updates: list[int] = []
+
+    def due() -> bool:
+      updates.append(runtime.shard_stats()[0]["global_updates"])
+      return updates[-1] >= 12
+
+    kill = helpers.When(due, lambda: ray.kill(runtime.shards[0], no_restart=False))
+    result = runtime.run(8.0, progress=False)
+  stats = result.shards[0]
+  assert kill.at is not None and kill.error is None
+  assert stats["restarted"]
+  # Restored from the last checkpoint before the kill (every 5 updates), then kept training.
+  assert stats["restored_updates"] >= 5 and stats["restored_updates"] % 5 == 0
+  assert stats["global_updates"] > stats["restored_updates"]
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
+
+
+def test_stopped_run_resumes_from_its_checkpoint(
+  cluster: tuple[str, set[int]], tmp_path: Path
+) -> None:
+  config = _config(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=1000)
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    first = runtime.run(2.0, progress=False)
+  # The clean stop saved every shard, although no periodic checkpoint was due.
+  updates = first.shards[0]["global_updates"]
+  assert updates > 0
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    stats = runtime.shard_stats()[0]
+    assert stats["restored_updates"] == updates
+    jax.tree.map(np.testing.assert_array_equal, runtime.global_params(), first.final_params)
+    infos = runtime.worker_infos()  # the workers start from the resumed global model too
+    assert all(i["start_updates"] == updates for i in infos)
+    second = runtime.run(1.0, progress=False)
+  assert second.shards[0]["global_updates"] > updates
+
+
+def test_deterministic_aladdin_is_the_in_process_algorithm_bit_for_bit(
+  cluster: tuple[str, set[int]],
+) -> None:
+  """Round-robin, each reply merged before its worker's next step: the same messages in the same
+  order as a plain loop over the core pieces (spec.worker_step, spec.server, worker_merge)."""
+  spec, n, rounds = helpers.spec("aladdin"), 2, 12
+  server, step = spec.server(n), jax.jit(spec.worker_step(helpers.loss_fn))
+  state = server.init(helpers.init_params())
+  models = [helpers.init_params()] * n
+  opt = [spec.worker_tx.init(models[0])] * n
+  data = [helpers.batches(i, 0) for i in range(n)]
+  pending: list[Any] = [None] * n
+  merges = [0] * n
+  for _ in range(rounds):
+    for i in range(n):
+      if pending[i] is not None:
+        models[i] = al.worker_merge(models[i], pending[i].params, pending[i].alpha)
+        pending[i], merges[i] = None, merges[i] + 1
+      models[i], opt[i], message, _ = step(models[i], opt[i], next(data[i]))
+      state, reply = server.receive(state, message, i)
+      pending[i] = reply if bool(reply.ready) else None
+  config = ad.Config(algorithm=spec, num_workers=n, deterministic=True)
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(iterations=rounds, progress=False)
+  jax.tree.map(np.testing.assert_array_equal, result.final_params, state.params)
+  assert result.iterations == [rounds] * n
+  assert [m - (p is not None) for m, p in zip(result.merges, pending, strict=True)] == merges
+  assert helpers.held_out_loss(result.final_params) < helpers.held_out_loss(helpers.init_params())
+
+
+@pytest.mark.parametrize("name", ["ar_sgd", "asp", "easgd", "sgp"])
+def test_baselines_run_on_the_same_runtime(cluster: tuple[str, set[int]], name: str) -> None:
+  config = _config(name, ps_shards=2, slowdown={1: 2.0})
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(2.0, progress=False)
+    locals_ = [ray.get(w.get_params.remote()) for w in runtime.workers]
+  assert min(result.iterations) > 0
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
+  assert helpers.held_out_loss(result.final_params) < helpers.held_out_loss(helpers.init_params())
+  assert all(0 < c < 1 for c in result.compute_fraction)
+  if name == "ar_sgd":  # a barrier per iteration: the workers stay identical
+    assert result.iterations[0] == result.iterations[1]
+    jax.tree.map(np.testing.assert_array_equal, locals_[0], locals_[1])
+    assert min(result.wait_fraction) > 0
+  elif name == "sgp":  # from the second iteration on, one gossip message mixed per iteration
+    for iterations, merges in zip(result.iterations, result.merges, strict=True):
+      assert iterations - 2 <= merges <= iterations - 1  # the last one may be still awaited
+    assert result.shards == []
+  else:  # symmetric: every exchange waits for the servers' answer
+    assert len(result.shards) == 2 and all(s["rejected_by_server"] == 0 for s in result.shards)
+    tau = 1 if name == "asp" else config.spec.tau
+    for iterations, merges in zip(result.iterations, result.merges, strict=True):
+      assert merges == iterations // tau
+    assert all(s["global_updates"] == sum(result.merges) for s in result.shards)
+
+
+@pytest.mark.parametrize("gpus", [1.0, 0.5])
+def test_workers_get_the_accelerators_ray_gave_them(
+  cluster: tuple[str, set[int]], gpus: float
+) -> None:
+  """The node advertises 4 fake GPUs: each worker requests its share, Ray sets the worker's
+  CUDA_VISIBLE_DEVICES to exactly the devices it gave (JAX, finding no GPU, computes on CPU)."""
+  config = _config(num_workers=4 if gpus < 1 else 2, worker_gpus=gpus)
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(1.0, progress=False)
+  ids = [tuple(w["accelerator_ids"].get("GPU", [])) for w in result.workers]
+  assert all(len(i) == 1 for i in ids), ids
+  assert [w["cuda_visible_devices"] for w in result.workers] == [",".join(i) for i in ids]
+  if gpus == 1.0:
+    assert len(set(ids)) == len(ids)  # a device each
+  else:
+    assert len(set(ids)) == len(ids) // 2  # two halves per device
+  assert min(result.iterations) > 0
+
+
+def test_misuse_is_refused_where_it_is_made() -> None:
+  with pytest.raises(ValueError, match="worker_tx"):
+    ad.Config(algorithm="aladdin")
+  with pytest.raises(ValueError, match="fold=5 exceeds"):
+    ad.Config(algorithm=helpers.spec("aladdin"), fold=5)
+  with pytest.raises(ValueError, match="slowdown"):
+    ad.Config(algorithm=helpers.spec("sgp"), num_workers=2, slowdown={2: 3.0})
+  with pytest.raises(ValueError, match="checkpoint_dir needs"):
+    ad.Config(algorithm=helpers.spec("ar_sgd"), checkpoint_dir="x")
+  with pytest.raises(ValueError, match="reply_every"):
+    ad.Config(algorithm=helpers.spec("aladdin", reply_every=2))
+  with pytest.raises(ValueError, match="worker_gpus"):
+    ad.Config(algorithm=helpers.spec("aladdin"), worker_gpus=1.5)
+  with pytest.raises(ValueError, match="ps_shards=100"):
+    ad.Runtime(helpers.make_task(), ad.Config(algorithm=helpers.spec("aladdin"), ps_shards=100))

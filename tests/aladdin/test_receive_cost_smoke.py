@@ -1,0 +1,18 @@
+"""benchmarks/aladdin/receive_cost.py still runs (tiny tree, one round)."""
+
+import math
+
+from benchmarks.aladdin import receive_cost
+
+
+def test_receive_cost_report_runs():
+  shapes = {"w": (8, 4), "b": (4,)}
+  lines = receive_cost.report("tiny", shapes, repeats=1, period=2)
+  text = "\n".join(lines)
+  rows = ["optax.sgd step", "receive: non-trigger", "receive: trigger", "amortised over 2"]
+  rows += ["serve: trigger", "serve_flat: non-trigger", "accumulate_only", "check_only"]
+  for row in rows:
+    assert row in text
+  assert len(receive_cost.resnet50_shapes()) == 161
+  n_params = sum(math.prod(s) for s in receive_cost.resnet50_shapes().values())
+  assert 23.4e6 < n_params < 23.6e6
