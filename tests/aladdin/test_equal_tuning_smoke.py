@@ -1,4 +1,4 @@
-"""Smoke test of the second ALADDIN study (benchmarks/aladdin/study_v2.py) and of the recipe
+"""Smoke test of the second ALADDIN study (benchmarks/aladdin/equal_tuning.py) and of the recipe
 measurement's candidates: tiny cells, tables, plot, resume."""
 
 import json
@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.aladdin import recipe, study_v2
+from benchmarks.aladdin import recipe, equal_tuning
 from optax_lena import aladdin as al
 
 
 def test_grid_is_unique_and_starts_with_the_common_learning_rate():
-  cells = study_v2.grid(study_v2.SCALES["default"])
+  cells = equal_tuning.grid(equal_tuning.SCALES["default"])
   names = [c.name for c in cells]
   assert len(names) == len(set(names))
   assert {c.group for c in cells[:45]} == {"equal"} and {c.lr for c in cells[:45]} == {0.1}
@@ -22,7 +22,7 @@ def test_grid_is_unique_and_starts_with_the_common_learning_rate():
 
 
 def test_paper_schedule_warms_up_and_decays():
-  schedule = study_v2.paper_schedule(0.08, steps_per_epoch=10, epochs=15)  # 12 + 90 steps
+  schedule = equal_tuning.paper_schedule(0.08, steps_per_epoch=10, epochs=15)  # 12 + 90 steps
   assert float(schedule(0)) == 0.0 and float(schedule(6)) == pytest.approx(0.04)
   assert float(schedule(50)) == pytest.approx(0.08)
   assert float(schedule(95)) == pytest.approx(0.008)
@@ -40,7 +40,7 @@ def test_smoke_study_writes_tables_plot_and_resumes(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
   argv = ["--smoke", "--out", str(tmp_path), "--cache_dir", str(tmp_path / "cache")]
-  text = study_v2.main([*argv, "--max_cells", "1"])
+  text = equal_tuning.main([*argv, "--max_cells", "1"])
   assert "0 of 1 cells finished earlier" in capsys.readouterr().out
   assert "| HE1 | ALADDIN | 0." in text and "1 of 18 cells finished" in text
   assert (tmp_path / "tables.md").read_text() == text
@@ -48,9 +48,9 @@ def test_smoke_study_writes_tables_plot_and_resumes(
   assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
   runs = json.loads((tmp_path / "runs.json").read_text())
   assert list(runs) == ["equal/aladdin/HE1/1ep/lr0.05/seed0"]
-  study_v2.main([*argv, "--report_only"])
+  equal_tuning.main([*argv, "--report_only"])
   assert "running" not in capsys.readouterr().out
-  text = study_v2.main([*argv, "--max_cells", "1"])  # resumes with the next cell only
+  text = equal_tuning.main([*argv, "--max_cells", "1"])  # resumes with the next cell only
   assert "[1/1] equal/ar_sgd/HE1" in capsys.readouterr().out
   assert (
     "| HE1 | AR-SGD | 0." in text and len(json.loads((tmp_path / "runs.json").read_text())) == 2
