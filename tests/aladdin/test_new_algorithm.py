@@ -32,7 +32,9 @@ class LocalOnly(al.Spec):
 
 class LocalOnlyTraining(sim_compute.AladdinTraining):
   def build(self):
-    self.step_fn = jax.jit(al.local_step(self.problem.loss_fn, self.worker_tx()))
+    self.step_fn = jax.jit(
+      al.local_step(self.problem.loss_fn, self.worker_tx(), message="gradient")
+    )
 
   def reset(self, workers):
     opt_state = self.worker_tx().init(self.problem.params)

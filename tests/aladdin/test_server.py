@@ -101,7 +101,7 @@ def test_one_worker_period_one_alpha_one_is_plain_sgd_bitwise():
   # so every step is plain SGD bit for bit (the same float32 operations in the same order).
   loss_fn = lambda p, batch: jnp.mean((batch[0] @ p["w"] + p["b"] - batch[1]) ** 2)
   tx = optax.sgd(0.05)
-  step = jax.jit(al.local_step(loss_fn, tx))
+  step = jax.jit(al.local_step(loss_fn, tx, message="gradient"))
   server = al.parameter_server(1, optax.sgd(0.05), period=1, alpha=1.0)
   receive = jax.jit(server.receive)
   merge = jax.jit(al.worker_merge)
@@ -139,7 +139,7 @@ def test_lemma1_global_model_is_average_of_local_models():
   n, period, eta = 3, 2, 0.05
   loss_fn = lambda p, batch: jnp.sum((p["w"] * batch - 1.0) ** 2)
   tx = optax.sgd(eta)
-  step = jax.jit(al.local_step(loss_fn, tx))
+  step = jax.jit(al.local_step(loss_fn, tx, message="gradient"))
   server = al.parameter_server(n, optax.sgd(eta), period=period, alpha=0.0)
   receive = jax.jit(server.receive)
   x0 = {"w": jnp.asarray([0.5, -1.0, 2.0], jnp.float32)}

@@ -51,7 +51,7 @@ def test_local_step_returns_raw_gradient_and_self_update():
   params = {"w": jnp.asarray(RNG.normal(size=(3, 2)), jnp.float32), "b": jnp.ones(2)}
   batch = jnp.asarray(RNG.normal(size=(4, 3)), jnp.float32)
   tx = al.local_optimizer(0.1)
-  step = jax.jit(al.local_step(loss_fn, tx))
+  step = jax.jit(al.local_step(loss_fn, tx, message="gradient"))
   new_params, new_state, grads, loss = step(params, tx.init(params), batch)
   expected_grads = jax.grad(loss_fn)(params, batch)
   for k in params:

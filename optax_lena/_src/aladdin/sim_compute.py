@@ -345,7 +345,7 @@ class EasgdTraining(AladdinTraining):
   def build(self) -> None:
     self.server = self.spec.server(self.n)
     self.receive_fn = jax.jit(self.server.receive)
-    self.step_fn = jax.jit(local_step(self.problem.loss_fn, self.worker_tx()))
+    self.step_fn = jax.jit(local_step(self.problem.loss_fn, self.worker_tx(), message="gradient"))
 
   def receive(self, worker: Any, message: Any) -> Any:
     # The worker waits for the answer, so its model is the one it sent.

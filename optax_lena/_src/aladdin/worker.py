@@ -109,7 +109,7 @@ def local_step(
   loss_fn: Callable[..., Any],
   tx: optax.GradientTransformation,
   *,
-  message: str = "gradient",
+  message: str = "update",
   has_aux: bool = False,
 ) -> Callable[[PyTree, optax.OptState, Any], tuple[PyTree, optax.OptState, PyTree, Any]]:
   """The worker's iteration of Algorithm 1 (lines 1-3): mini-batch gradient, self-update, message.
@@ -118,14 +118,14 @@ def local_step(
   loss)``: ``params`` is the local model after the self-update ``x_i <- x_i + tx(g)`` (line 2)
   and ``message`` what the worker pushes to the server (line 3):
 
-  * ``"gradient"`` (Algorithm 1 as printed; the default of this low-level piece): the raw
+  * ``"gradient"`` (Algorithm 1 as printed): the raw
     gradient ``g`` of ``loss_fn(params, batch)`` at the parameters before the update. The
     server steps on it with ``server_tx`` (``optax.sgd(eta)``: the printed plain step).
   * ``"update"``: the worker's own displacement ``u = x_before - x_after`` of this step, momentum
     and weight decay included. Served by ``optax.sgd(1.0)`` with ``normalise="mean_of_locals"``,
     the global model moves by ``(1/n) sum u``: it stays the average of the local models between
-    merges (Lemma 1), whatever the workers' optimizer. This is the recommended recipe (the
-    algorithm specs of ``optax_lena.aladdin`` default to it); with plain-SGD workers and
+    merges (Lemma 1), whatever the workers' optimizer. The default: this is the recommended
+    recipe (the algorithm specs of ``optax_lena.aladdin`` default to it too); with plain-SGD workers and
     ``optax.sgd(eta)`` the two modes are the same algorithm (up to rounding).
 
   Sending does not wait for anything; merging a reply is :func:`worker_merge` (line 4). The same

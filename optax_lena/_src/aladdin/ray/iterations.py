@@ -135,7 +135,7 @@ class Easgd(_Served):
   def __init__(self, w: Any):
     from optax_lena._src.aladdin.worker import local_step
 
-    step = local_step(w.task.loss_fn, w.config.spec.worker_tx)
+    step = local_step(w.task.loss_fn, w.config.spec.worker_tx, message="gradient")
 
     def model_step(params, opt_state, batch):
       params, opt_state, _, loss = step(params, opt_state, batch)
