@@ -16,6 +16,9 @@ from benchmarks.adamw_scaling.train import METHODS, PER_WORKER_BATCH
 from examples import analysis, metrics
 
 BASELINE = "adam_lsw"  # at S = 8 (scale 1) every optax_lena rule is this plain AdamW
+# Fractions of the baseline's final accuracy: with the same epochs the large-S runs have a few
+# dozen updates, so the shared 98% / 90% targets are complemented by lower ones.
+TARGET_FRACTIONS = (0.90, 0.75, 0.50)
 
 
 def load_runs(runs_dir: Path) -> list[dict[str, Any]]:
@@ -58,7 +61,7 @@ def write_report(out: Path) -> None:
   scales = sorted({s for _, s in cells})
   baseline = cells.get((BASELINE, 8), [])
   base_acc = statistics.mean(final_accuracies(baseline)) if baseline else None
-  targets = analysis.targets(base_acc) if base_acc is not None else []
+  targets = analysis.targets(base_acc, TARGET_FRACTIONS) if base_acc is not None else []
   methods = [m for m in METHODS if any((m, s) in cells for s in scales)]
   header = ["method", *[f"S={s} (batch {s * PER_WORKER_BATCH})" for s in scales]]
 
@@ -100,7 +103,7 @@ def write_report(out: Path) -> None:
     "\n## Final test accuracy (mean ± std over seeds (n); LAMB: its best rate on seed 0)\n",
     harness.markdown_table(header, cell_rows(acc_cell)),
   ]
-  for fraction, target in zip(analysis.TARGET_FRACTIONS, targets, strict=True):
+  for fraction, target in zip(TARGET_FRACTIONS, targets, strict=True):
     sections += [
       f"\n## Updates to {fraction:.0%} of the baseline's accuracy ({target:.4f})\n",
       harness.markdown_table(header, cell_rows(target_cell(target))),
@@ -119,7 +122,7 @@ def write_report(out: Path) -> None:
       "final_accuracy": final_accuracies(g),
       "iterations_to_target": {
         f"{f:.2f}": [analysis.iterations_to_target(r["evals"], t) for r in g]
-        for f, t in zip(analysis.TARGET_FRACTIONS, targets, strict=True)
+        for f, t in zip(TARGET_FRACTIONS, targets, strict=True)
       },
       "learning_rate": g[0]["config"]["learning_rate"],
     }
@@ -170,8 +173,6 @@ def _plots(out, cells, scales, methods, base_acc, targets) -> None:
     for m in methods
     if (m, largest) in cells
   }
-  hlines = [
-    (t, f"{f:.0%} of baseline") for f, t in zip(analysis.TARGET_FRACTIONS, targets, strict=True)
-  ]
+  hlines = [(t, f"{f:.0%} of baseline") for f, t in zip(TARGET_FRACTIONS, targets, strict=True)]
   fig = analysis.plot_accuracy(curves, hlines, title=f"S = {largest}, seed 0")
   analysis.save_figure(fig, out / f"accuracy_vs_iterations_s{largest}.png")

@@ -28,7 +28,7 @@ from benchmarks import harness
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 SCALES = (8, 32, 128, 256)
 ADAM_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
-LAMB_RATES = (1e-3, 3e-3, 1e-2)
+LAMB_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 EPOCHS = 8
 NUM_SAMPLES = 10_000
 SWEEP_METHOD = "adam_lsw"  # at S = 8 every rule has scale 1: this is plain AdamW

@@ -61,7 +61,7 @@ def test_grid_uses_the_best_swept_rates(tmp_path):
   assert all(r.learning_rate == best for r in grid if r.method != "lamb")
   assert {r.method for r in grid if r.num_workers == 32 and r.seed == 0} == set(train.METHODS)
   assert not any(r.method == "lamb" and r.seed == 1 for r in grid)  # LAMB's sweep not finished
-  for run, acc in zip(study.LAMB_RATES, [0.2, 0.1, 0.3], strict=True):
+  for run, acc in zip(study.LAMB_RATES, [0.2, 0.1, 0.3, 0.25, 0.15], strict=True):
     _fake_finished(runs_dir, train.Run("lamb", 32, 0, run, 2, 1000, sweep=True), acc)
   grid = study.grid_runs(runs_dir, [1], [32], 2, 1000)
   assert [r.learning_rate for r in grid if r.method == "lamb"] == [study.LAMB_RATES[2]]
