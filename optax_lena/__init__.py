@@ -2,12 +2,25 @@
 
 Composable Optax transformations for data-parallel training at large batch sizes: LENA's
 layer-wise gain ratios and state-aware warm-up (Ko, Lee and Kim, WWW 2022), AdaScale and linear
-scaling with warm-up, with the per-worker gradient statistics they need computed inside
-``pmap``, ``shard_map``, ``jit``/GSPMD and gradient accumulation.
+scaling with warm-up, for momentum SGD and (on the square-root rule) AdamW, with the per-worker
+gradient statistics they need computed inside ``pmap``, ``shard_map``, ``jit``/GSPMD and
+gradient accumulation, and batch-size advice from the gradient noise scale.
 """
 
+from optax_lena._src.adamw import (
+  adascale_adamw,
+  large_batch_adamw,
+  lena_adamw,
+  linear_scaling_adamw,
+)
 from optax_lena._src.alias import adascale, large_batch_sgd, lena, linear_scaling
-from optax_lena._src.diagnostics import diagnostics, flat_diagnostics, noise_scale, per_layer_tree
+from optax_lena._src.diagnostics import (
+  diagnostics,
+  expected_speedup,
+  flat_diagnostics,
+  noise_scale,
+  per_layer_tree,
+)
 from optax_lena._src.gain_ratio import (
   GainRatioRule,
   GainRatioState,
@@ -60,17 +73,22 @@ __all__ = [
   "SkipNonFiniteState",
   "accumulate_grad_stats",
   "adascale",
+  "adascale_adamw",
   "adascale_rule",
   "all_reduce_grad_stats",
   "diagnostics",
+  "expected_speedup",
   "fixed_warmup",
   "flat_diagnostics",
   "group_by_module",
+  "large_batch_adamw",
   "large_batch_sgd",
   "layerwise_warmup",
   "lena",
+  "lena_adamw",
   "lena_rule",
   "linear_scaling",
+  "linear_scaling_adamw",
   "linear_scaling_rule",
   "noise_scale",
   "per_layer_tree",

@@ -57,6 +57,34 @@ def large_batch_sgd(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
   """
+  inner: list[optax.GradientTransformation] = []
+  if not is_zero(weight_decay):
+    inner.append(decayed_weights(weight_decay, weight_decay_mask))
+  if momentum is not None and not is_zero(momentum):
+    inner.append(_momentum(momentum, nesterov))
+  return gain_ratio_chain(
+    inner,
+    learning_rate,
+    rule,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
+    warmup_progress=warmup_progress,
+  )
+
+
+def gain_ratio_chain(
+  inner: list[optax.GradientTransformation],
+  learning_rate: optax.ScalarOrSchedule,
+  rule: gain_ratio.GainRatioRule,
+  *,
+  warmup_threshold: float | None,
+  warmup_steps: float,
+  clock: str,
+  warmup_progress: str,
+) -> optax.GradientTransformationExtraArgs:
+  """``skip_nonfinite_steps(chain(*inner, gain ratio, warm-up, rate))``: the one place that puts
+  a rule, a warm-up and the base rate after an inner update (momentum SGD or Adam)."""
   checks.check_learning_rate(learning_rate)
   checks.check_warmup_steps(warmup_steps)
   schedule.check_clock(clock)
@@ -65,17 +93,16 @@ def large_batch_sgd(
       "Choose one warm-up: warmup_threshold (state-aware, layer-wise) or warmup_steps (fixed "
       "linear), not both."
     )
-  blocks: list[optax.GradientTransformation] = []
-  if not _is_zero(weight_decay):
-    blocks.append(decayed_weights(weight_decay, weight_decay_mask))
-  if momentum is not None and not _is_zero(momentum):
-    blocks.append(_momentum(momentum, nesterov))
-  blocks.append(gain_ratio.scale_by_gain_ratio(rule))
+  batches: dict[str, Any] = {
+    "per_worker_batch_size": rule.per_worker_batch_size,
+    "reference_batch_size": rule.reference_batch_size,
+  }
+  blocks = [*inner, gain_ratio.scale_by_gain_ratio(rule)]
   if warmup_threshold is not None:
     blocks.append(warmup.layerwise_warmup(warmup_threshold, rule=rule, progress=warmup_progress))
-  elif not _is_zero(warmup_steps):
-    blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples))
-  blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock))
+  elif not is_zero(warmup_steps):
+    blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples, **batches))
+  blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock, **batches))
   return nonfinite.skip_nonfinite_steps(optax.chain(*blocks))
 
 
@@ -131,7 +158,7 @@ def _may_be_nonzero(x: Any) -> bool:
   return value is not None and value != 0
 
 
-def _is_zero(x: Any) -> bool:
+def is_zero(x: Any) -> bool:
   """A hyper-parameter that is literally 0 (injected hyper-parameters are arrays: kept)."""
   return isinstance(x, (int, float)) and x == 0
 
@@ -151,6 +178,9 @@ def lena(
   clock: str = "updates",
   num_samples: int | None = None,
   warmup_progress: str = "ratio",
+  power: float = 1.0,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA: layer-wise gain ratios with the layer-wise state-aware warm-up (docs/LENA.md 1-6).
 
@@ -182,6 +212,14 @@ def lena(
     warmup_progress: how a layer's warm-up progress advances: ``"ratio"`` (the paper, the
       default), or ``"relative_to_max"`` / ``"relative_to_mean"``, whose warm-up length does not
       grow with S / r (see :func:`optax_lena.layerwise_warmup`).
+    power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see
+      :class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.
+    per_worker_batch_size: b, the batch of each per-worker gradient (with
+      ``reference_batch_size``).
+    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not
+      the per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear
+      scaling's factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and
+      ``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,
@@ -191,7 +229,15 @@ def lena(
     Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
     Large-Scale DNN Training", WWW 2022.
   """
-  rule = gain_ratio.lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
+  rule = gain_ratio.lena_rule(
+    beta=beta,
+    eps=eps,
+    grouping=grouping,
+    num_samples=num_samples,
+    power=power,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
+  )
   return large_batch_sgd(
     learning_rate,
     rule,
@@ -220,6 +266,9 @@ def adascale(
   clock: str = "updates",
   num_samples: int | None = None,
   warmup_progress: str = "ratio",
+  power: float = 1.0,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale SGD: one gain ratio for the whole model (the paper's AS baseline).
 
@@ -240,6 +289,14 @@ def adascale(
     warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
       :func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the
       fixed warm-up of ``warmup_threshold`` base steps.
+    power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see
+      :class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.
+    per_worker_batch_size: b, the batch of each per-worker gradient (with
+      ``reference_batch_size``).
+    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not
+      the per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear
+      scaling's factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and
+      ``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -248,7 +305,14 @@ def adascale(
     Johnson et al., "AdaScale SGD: A User-Friendly Algorithm for Distributed Training",
     ICML 2020.
   """
-  rule = gain_ratio.adascale_rule(beta=beta, eps=eps, num_samples=num_samples)
+  rule = gain_ratio.adascale_rule(
+    beta=beta,
+    eps=eps,
+    num_samples=num_samples,
+    power=power,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
+  )
   return large_batch_sgd(
     learning_rate,
     rule,
@@ -275,8 +339,11 @@ def linear_scaling(
   clock: str = "updates",
   num_samples: int | None = None,
   warmup_progress: str = "ratio",
+  power: float = 1.0,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """Linear scaling with warm-up (LSW): every layer's rate is S * eta0.
+  """Linear scaling with warm-up (LSW): every layer's rate is S * eta0 (``S ** p * eta0``).
 
   Args:
     learning_rate: eta0 (float or schedule).
@@ -292,14 +359,29 @@ def linear_scaling(
     warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
       :func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the
       fixed warm-up of ``warmup_threshold`` base steps.
+    power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see
+      :class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.
+    per_worker_batch_size: b, the batch of each per-worker gradient (with
+      ``reference_batch_size``).
+    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not
+      the per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear
+      scaling's factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and
+      ``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
   References:
-    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017;
+    ``power=0.5`` is the square-root rule (Krizhevsky, "One weird trick for parallelizing
+    convolutional neural networks", 2014; for adaptive optimizers Malladi et al., NeurIPS 2022).
   """
-  rule = gain_ratio.linear_scaling_rule(num_samples=num_samples)
+  rule = gain_ratio.linear_scaling_rule(
+    num_samples=num_samples,
+    power=power,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
+  )
   return large_batch_sgd(
     learning_rate,
     rule,

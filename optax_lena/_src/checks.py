@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-_INJECT_FIX = (
+INJECT_FIX = (
   "optax.inject_hyperparams turns every number it is given into an array; pass "
   "static_args=({name!r},) to keep {name} a Python value, e.g. "
   "optax.inject_hyperparams(ol.lena, static_args=({name!r},))(...)."
@@ -110,11 +110,23 @@ def check_beta(beta: Any) -> None:
     )
 
 
+def check_power(power: Any) -> None:
+  """A positive finite power; arrays (``optax.inject_hyperparams``) are checked when concrete."""
+  if power is None or isinstance(power, bool):
+    raise ValueError(f"power must be a positive float, got {power!r}.")
+  value = concrete_value(power)
+  if value is not None and not (np.isfinite(value) and value > 0):
+    raise ValueError(
+      f"power must be a positive float (the rate multiplier is r ** power), got {value}: 1 for "
+      "SGD (the paper's rule), 0.5 for Adam-type optimizers (the square-root rule)."
+    )
+
+
 def check_num_samples(num_samples: Any) -> None:
   if num_samples is None:
     return
   if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-    hint = " " + _INJECT_FIX.format(name="num_samples") if is_array(num_samples) else ""
+    hint = " " + INJECT_FIX.format(name="num_samples") if is_array(num_samples) else ""
     raise ValueError(
       f"num_samples must be a positive int (S, the number of per-worker gradients averaged "
       f"per update; static, because it bounds the ratio) or None, got {num_samples!r}.{hint}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -47,6 +48,26 @@ def noise_scale(sq_norm_mean: jax.Array, mean_grad_sq_norm: jax.Array, s: jax.Ar
   return jnp.where(s >= 2, out, jnp.nan)
 
 
+def expected_speedup(critical_batch: Any, current_scale: Any, candidate_scales: Any) -> jax.Array:
+  """Fewer updates (a factor) to the same loss at each candidate scale S' than at the current S.
+
+  The critical batch B_crit of McCandlish et al. (2018, Section 2.2) is estimated by the noise
+  scale B_simple. Below it, an update over k times more samples does nearly the work of k
+  updates; above it the return of a larger batch diminishes: the updates to a given loss number
+  about ``S_min (1 + B_crit / B)`` at batch B. Hence the factor is
+  ``(1 + B_crit / S) / (1 + B_crit / S')`` with B_crit in per-worker batches, ``S' / S`` when the
+  noise dominates the estimate (B_crit infinite), NaN where it cannot be estimated (S < 2). At
+  ``S = 1`` it is the expected gain ratio of S' workers, ``E[r] = (1 + B) / (1 + B / S')``.
+  """
+  b = jnp.asarray(critical_batch, jnp.float32)
+  s = jnp.asarray(current_scale, jnp.float32)
+  c = jnp.asarray(candidate_scales, jnp.float32)
+  finite = jnp.isfinite(b)
+  safe_b = jnp.where(finite, b, 0.0)
+  out = jnp.where(finite, (1.0 + safe_b / s) / (1.0 + safe_b / c), c / s)
+  return jnp.where(jnp.isnan(b), jnp.nan, out)
+
+
 def _find_states(opt_state: PyTree) -> dict[type, list[Any]]:
   found: dict[type, list[Any]] = {t: [] for t in _STATES}
   for kind in _STATES:
@@ -65,7 +86,12 @@ def _find_states(opt_state: PyTree) -> dict[type, list[Any]]:
   return found
 
 
-def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, Any]:
+def diagnostics(
+  opt_state: PyTree,
+  params: PyTree | None = None,
+  *,
+  candidate_scales: Sequence[float] | jax.Array | None = None,
+) -> dict[str, Any]:
   """Per-layer gain ratios, warm-up state, rate multipliers and noise scales (jittable).
 
   Args:
@@ -73,18 +99,27 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
       also ``nnx.Optimizer(...).opt_state``.
     params: optional parameters (or any tree shaped like them); when given, per-layer entries
       are returned as trees shaped like it instead of vectors in ``jax.tree.leaves`` order.
+    candidate_scales: optional numbers of per-worker gradients S' to consider for the next
+      updates; adds ``expected_speedup`` (one entry per candidate).
 
   Returns:
     A dict with, per layer (leaf): ``gain_ratio`` (r_k of the last update), ``warmup_progress``
     (P_k, 0 without a state-aware warm-up), ``warmup_factor``, ``lr_multiplier``
-    (``r_k * warmup_factor_k``: the layer's rate is this times ``eta0 * schedule``),
+    (``r_k ** p * warmup_factor_k``, p the rule's power: the layer's rate is this times
+    ``eta0 * schedule``),
     ``warmup_end_step`` (int32, the 1-based update at which the layer's warm-up ended; the
     sentinel ``-1`` means "not ended yet", and is also reported without a state-aware warm-up,
     where no layer has a warm-up of its own to end) and ``noise_scale`` (B_simple in per-worker
     batches, ``inf`` when noise dominates the estimate and NaN for S < 2, see
     :func:`noise_scale`); and the scalars ``global_ratio`` (AdaScale's R),
-    ``global_noise_scale``, ``num_samples`` (S of the last update), ``num_updates`` and
-    ``num_skipped_steps``. Per-layer entries are vectors in ``jax.tree.leaves`` order, or trees
+    ``global_noise_scale``, ``critical_batch_size`` (McCandlish et al.'s critical batch
+    estimated by the global noise scale, in per-worker batches: multiply by the per-worker batch
+    size for examples; see :func:`expected_speedup`), ``num_samples`` (S of the last
+    update), ``num_updates`` and ``num_skipped_steps``; with ``candidate_scales``,
+    ``expected_speedup``: for each candidate S', the factor by which the updates needed for the
+    same progress shrink at S' per-worker gradients instead of the current S (above 1: fewer
+    updates; see :func:`expected_speedup`). All from the statistics already in the state.
+    Per-layer entries are vectors in ``jax.tree.leaves`` order, or trees
     shaped like ``params`` when it is given (Flax NNX ``Variable`` wrappers such as ``Param``
     are removed, so the trees hold plain arrays). For logging use :func:`flat_diagnostics`,
     whose values are finite Python floats keyed by parameter path.
@@ -103,6 +138,9 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
     )
   rs = ratio_states[0]
   n = rs.ratio.shape[0]
+  global_noise = noise_scale(
+    jnp.sum(rs.sq_norm_mean_avg), jnp.sum(rs.mean_grad_sq_norm_avg), rs.num_samples
+  )
   factor = jnp.ones((n,), jnp.float32)
   progress = jnp.zeros((n,), jnp.float32)
   end_step = jnp.full((n,), -1, jnp.int32)
@@ -116,17 +154,18 @@ def diagnostics(opt_state: PyTree, params: PyTree | None = None) -> dict[str, An
     "gain_ratio": rs.ratio,
     "warmup_progress": progress,
     "warmup_factor": factor,
-    "lr_multiplier": rs.ratio * factor,
+    "lr_multiplier": gain_ratio.rate_multiplier(rs.ratio, rs.power) * factor,
     "warmup_end_step": end_step,
     "noise_scale": noise_scale(rs.sq_norm_mean_avg, rs.mean_grad_sq_norm_avg, rs.num_samples),
     "global_ratio": rs.global_ratio,
-    "global_noise_scale": noise_scale(
-      jnp.sum(rs.sq_norm_mean_avg), jnp.sum(rs.mean_grad_sq_norm_avg), rs.num_samples
-    ),
+    "global_noise_scale": global_noise,
+    "critical_batch_size": global_noise,
     "num_samples": rs.num_samples,
     "num_updates": rs.count,
     "num_skipped_steps": skip[0].num_skipped if skip else jnp.zeros([], jnp.int32),
   }
+  if candidate_scales is not None:
+    out["expected_speedup"] = expected_speedup(global_noise, rs.num_samples, candidate_scales)
   if params is not None:
     for key in PER_LAYER:
       out[key] = per_layer_tree(out[key], params)
@@ -177,7 +216,11 @@ def _path_name(path: tuple[Any, ...]) -> str:
 
 
 def flat_diagnostics(
-  opt_state: PyTree, params: PyTree | None = None, prefix: str = ""
+  opt_state: PyTree,
+  params: PyTree | None = None,
+  prefix: str = "",
+  *,
+  candidate_scales: Sequence[float] | None = None,
 ) -> dict[str, float]:
   """:func:`diagnostics` as a flat ``{name: float}`` dict for metric writers (not jittable).
 
@@ -187,7 +230,7 @@ def flat_diagnostics(
   N steps.
 
   Keys are ``f"{prefix}{metric}"`` for the scalars (``global_ratio``, ``global_noise_scale``,
-  ``num_samples``, ``num_updates``, ``num_skipped_steps``, ``num_layers``,
+  ``critical_batch_size``, ``num_samples``, ``num_updates``, ``num_skipped_steps``, ``num_layers``,
   ``num_layers_warmed_up``) and ``f"{prefix}{metric}/{layer}"`` for the per-layer metrics of
   :func:`diagnostics` (``gain_ratio``, ``warmup_progress``, ``warmup_factor``,
   ``lr_multiplier``, ``warmup_end_step``, ``noise_scale``), where ``layer`` is the parameter's
@@ -200,20 +243,22 @@ def flat_diagnostics(
   * ``warmup_end_step/<layer>`` is present only once that layer's warm-up has ended (its value
     is the 1-based update at which it reached full rate); absent means "still warming up" (or no
     state-aware warm-up). ``num_layers_warmed_up`` counts the layers whose key is present.
-  * ``noise_scale/<layer>`` and ``global_noise_scale`` are absent when the estimate is not
-    finite: S < 2 (the noise cannot be estimated) or a signal estimate <= 0 (noise dominates,
-    B_simple is infinite). Log ``gain_ratio`` for a value that always exists.
+  * ``noise_scale/<layer>``, ``global_noise_scale`` and ``critical_batch_size`` are absent when
+    the estimate is not finite: S < 2 (the noise cannot be estimated) or a signal estimate <= 0
+    (noise dominates, B_simple is infinite). Log ``gain_ratio`` for a value that always exists.
 
   Args:
     opt_state: the state of an optax_lena optimizer (as for :func:`diagnostics`).
     params: optional parameters the optimizer was initialised with (or any tree shaped like
       them, Flax NNX ``nnx.State`` included) to name the layers by path.
     prefix: prepended to every key, e.g. ``"lena/"``.
+    candidate_scales: optional candidate numbers of per-worker gradients S'; adds
+      ``expected_speedup/<S'>`` (e.g. ``expected_speedup/64``), left out where not finite.
 
   Returns:
     A ``dict[str, float]`` of finite values.
   """
-  diag = jax.device_get(diagnostics(opt_state))
+  diag = jax.device_get(diagnostics(opt_state, candidate_scales=candidate_scales))
   n = int(np.shape(diag["gain_ratio"])[0])
   if params is None:
     names = [str(k) for k in range(n)]
@@ -232,8 +277,13 @@ def flat_diagnostics(
     if math.isfinite(value):
       out[prefix + key] = value
 
-  for key in ("global_ratio", "global_noise_scale", "num_samples", "num_updates"):
+  for key in ("global_ratio", "global_noise_scale", "critical_batch_size"):
     put(key, diag[key])
+  for key in ("num_samples", "num_updates"):
+    put(key, diag[key])
+  if candidate_scales is not None:
+    for scale, value in zip(candidate_scales, np.asarray(diag["expected_speedup"]), strict=True):
+      put(f"expected_speedup/{float(scale):g}", value)
   put("num_skipped_steps", diag["num_skipped_steps"])
   end_step = np.asarray(diag["warmup_end_step"])
   put("num_layers", n)

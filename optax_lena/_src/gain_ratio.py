@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optax_lena._src import checks, stats, tree_utils
+from optax_lena._src import batch_scale, checks, stats, tree_utils
 from optax_lena._src import grouping as grouping_lib
 
 PyTree = Any
@@ -39,6 +39,7 @@ class GainRatioState(NamedTuple):
       repeated on each of its leaves).
     global_ratio: the AdaScale ratio ``R`` of the whole model at the last update, clipped.
     num_samples: S of the last update (int32; 0 before the first).
+    power: the rule's power p (float32): the update is multiplied by ``ratio ** p``.
   """
 
   count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as in optax's states
@@ -47,6 +48,7 @@ class GainRatioState(NamedTuple):
   ratio: jax.Array
   global_ratio: jax.Array
   num_samples: jax.Array
+  power: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,14 @@ class GainRatioRule:
     beta: moving-average weight of the new statistics; ``None`` means ``min(S / 1000, 1)``.
     eps: added to numerator and denominator of the ratio (Step 3 of docs/LENA.md).
     num_samples: the S the statistics must have, or ``None`` to accept any.
+    power: p, the update is multiplied by ``r ** p`` (in ``[1, k ** p]``); 1 is the paper's
+      rule for SGD, 0.5 the square-root rule for Adam-type optimizers. The warm-up's progress
+      still advances by r (single-worker iterations), whatever p.
+    per_worker_batch_size: b, with ``reference_batch_size``: the batch of each per-worker
+      gradient.
+    reference_batch_size: b0, the batch at which the learning rate was tuned; the scale (the
+      ratio's cap, linear scaling's factor) becomes ``k = S b / b0`` instead of S, and the
+      ratio estimates the gain over one reference batch (see ``batch_scale``).
   """
 
   adaptive: bool = True
@@ -67,12 +77,23 @@ class GainRatioRule:
   beta: Any = None
   eps: Any = 1e-6
   num_samples: int | None = None
+  power: float = 1.0
+  per_worker_batch_size: int | None = None
+  reference_batch_size: int | None = None
 
   def __post_init__(self):
     grouping_lib.validate_grouping(self.grouping)
     checks.check_eps(self.eps)
     checks.check_beta(self.beta)
     checks.check_num_samples(self.num_samples)
+    checks.check_power(self.power)
+    batch_scale.check_batch_sizes(self.per_worker_batch_size, self.reference_batch_size)
+
+  def scale(self, num_samples: int) -> int:
+    """k, the number of reference batches in the global batch of S per-worker gradients."""
+    return batch_scale.update_scale(
+      num_samples, self.per_worker_batch_size, self.reference_batch_size
+    )
 
 
 def lena_rule(**kwargs: Any) -> GainRatioRule:
@@ -117,10 +138,13 @@ def rule_from_name(
   eps: Any = None,
   grouping: grouping_lib.Grouping = None,
   num_samples: int | None = None,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> GainRatioRule:
   """A rule by name with its hyper-parameters (``None``: the default), or a given rule."""
   if isinstance(rule, GainRatioRule):
-    if beta is not None or grouping is not None or num_samples is not None or eps is not None:
+    given = (beta, eps, grouping, num_samples, per_worker_batch_size, reference_batch_size)
+    if any(x is not None for x in given):
       raise ValueError(
         "Pass the hyper-parameters either inside the GainRatioRule or as keywords, not both."
       )
@@ -131,7 +155,12 @@ def rule_from_name(
       f"grouping applies to the layer-wise rule 'lena' only; rule {rule!r} uses one ratio "
       "for the whole model."
     )
-  kwargs = {"beta": beta, "num_samples": num_samples}
+  kwargs = {
+    "beta": beta,
+    "num_samples": num_samples,
+    "per_worker_batch_size": per_worker_batch_size,
+    "reference_batch_size": reference_batch_size,
+  }
   if eps is not None:
     kwargs["eps"] = eps
   if rule == "lena":
@@ -139,7 +168,7 @@ def rule_from_name(
   return RULES[rule](**kwargs)
 
 
-def init_gain_ratio_state(params: PyTree) -> GainRatioState:
+def init_gain_ratio_state(params: PyTree, power: float = 1.0) -> GainRatioState:
   n = len(tree_utils.active_leaves_with_path(params))
   # Distinct arrays for every field: a shared buffer could not be donated to a jitted step.
   return GainRatioState(
@@ -149,6 +178,7 @@ def init_gain_ratio_state(params: PyTree) -> GainRatioState:
     ratio=jnp.ones((n,), jnp.float32),
     global_ratio=jnp.ones([], jnp.float32),
     num_samples=jnp.zeros([], jnp.int32),
+    power=jnp.asarray(power, jnp.float32),
   )
 
 
@@ -169,7 +199,7 @@ def statistics_vectors(
 
 
 def clipped_ratio(numerator: jax.Array, denominator: jax.Array, eps: Any, s: int) -> jax.Array:
-  """``clip((A + eps) / (D + eps), 1, S)`` (Step 3), defined for eps = 0 too.
+  """``clip((A + eps) / (D + eps), 1, S)`` (Step 3), defined for eps = 0 too (S: the scale k).
 
   With eps = 0 a zero denominator means a zero mean gradient: ratio S if there is noise, and 1
   for a frozen layer (no gradient at all) rather than NaN.
@@ -220,16 +250,21 @@ def advance_gain_ratio(
       f"leaves but the update has {top.shape[0]}: call tx.init with the same parameter tree "
       "that the updates have."
     )
+  k = rule.scale(s)
   beta = min(s / 1000.0, 1.0) if rule.beta is None else rule.beta
   avg_top = beta * top + (1.0 - beta) * state.sq_norm_mean_avg
   avg_bot = beta * bot + (1.0 - beta) * state.mean_grad_sq_norm_avg
-  global_ratio = clipped_ratio(jnp.sum(avg_top), jnp.sum(avg_bot), rule.eps, s)
+
+  def ratio_of(a: jax.Array, d: jax.Array) -> jax.Array:
+    return clipped_ratio(batch_scale.reference_sq_norm(a, d, s, k), d, rule.eps, k)
+
+  global_ratio = ratio_of(jnp.sum(avg_top), jnp.sum(avg_bot))
   if rule.adaptive:
     groups = grouping_lib.resolve_groups(rule.grouping, updates)
-    per_group = clipped_ratio(_group_sum(avg_top, groups), _group_sum(avg_bot, groups), rule.eps, s)
+    per_group = ratio_of(_group_sum(avg_top, groups), _group_sum(avg_bot, groups))
     ratio = _to_leaves(per_group, groups)
   else:
-    ratio = jnp.full(top.shape, float(s), jnp.float32)
+    ratio = jnp.full(top.shape, float(k), jnp.float32)
   return GainRatioState(
     count=optax.safe_increment(state.count),
     sq_norm_mean_avg=avg_top,
@@ -237,7 +272,17 @@ def advance_gain_ratio(
     ratio=ratio,
     global_ratio=global_ratio,
     num_samples=jnp.asarray(s, jnp.int32),
+    power=jnp.asarray(rule.power, jnp.float32),
   )
+
+
+def rate_multiplier(ratio: jax.Array, power: Any) -> jax.Array:
+  """``ratio ** power``, and exactly the ratio at power 1 (bitwise the paper's rule), also when
+  the power is an array (``optax.inject_hyperparams``)."""
+  if isinstance(power, (int, float)):
+    return ratio if power == 1 else jnp.power(ratio, jnp.float32(power))
+  power = jnp.asarray(power, jnp.float32)
+  return jnp.where(power == 1.0, ratio, jnp.power(ratio, power))
 
 
 def scale_active_leaves(updates: PyTree, factors: jax.Array) -> PyTree:
@@ -248,6 +293,8 @@ def scale_active_leaves(updates: PyTree, factors: jax.Array) -> PyTree:
 def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtraArgs:
   """Multiplies each layer's update by its gain ratio (Eq. 5 without the base rate).
 
+  With ``rule.power = p`` the multiplier is ``r_k ** p`` (in ``[1, k ** p]``).
+
   Args:
     rule: the :class:`GainRatioRule`.
 
@@ -256,13 +303,14 @@ def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtr
   """
 
   def init_fn(params):
-    return init_gain_ratio_state(params)
+    return init_gain_ratio_state(params, rule.power)
 
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     del extra_args
     checks.check_updates_like(updates, params, "parameter")
     new_state = advance_gain_ratio(state, rule, updates, grad_stats)
-    return scale_active_leaves(updates, new_state.ratio), new_state
+    multiplier = rate_multiplier(new_state.ratio, rule.power)
+    return scale_active_leaves(updates, multiplier), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -273,11 +321,15 @@ def scale_by_lena(
   eps: float = 1e-6,
   grouping: grouping_lib.Grouping = None,
   num_samples: int | None = None,
+  power: float = 1.0,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA's layer-wise gain ratio (Eqs. 4, 5, 8).
 
   For every layer k: ``A_k <- beta top_k + (1-beta) A_k``, ``D_k <- beta bot_k + (1-beta) D_k``
-  and the update is multiplied by ``r_k = clip((A_k + eps) / (D_k + eps), 1, S)``.
+  and the update is multiplied by ``r_k ** p`` with ``r_k = clip((A_k + eps) / (D_k + eps), 1,
+  S)`` (p = 1: the paper).
 
   Args:
     beta: moving-average weight; ``None`` means ``min(S / 1000, 1)``.
@@ -286,6 +338,11 @@ def scale_by_lena(
     grouping: ``None`` (one ratio per leaf), ``"module"``, a label pytree or a callable
       ``(path, leaf) -> label``.
     num_samples: the S that the statistics must have (checked at trace time), or ``None``.
+    power: p; the update is multiplied by ``r ** p`` (0.5: the square-root rule for
+      Adam-type optimizers).
+    per_worker_batch_size: b (with ``reference_batch_size``).
+    reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the cap becomes
+      ``k = S b / b0``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; call
@@ -296,12 +353,26 @@ def scale_by_lena(
     Large-Scale DNN Training", WWW 2022.
   """
   return scale_by_gain_ratio(
-    lena_rule(beta=beta, eps=eps, grouping=grouping, num_samples=num_samples)
+    lena_rule(
+      beta=beta,
+      eps=eps,
+      grouping=grouping,
+      num_samples=num_samples,
+      power=power,
+      per_worker_batch_size=per_worker_batch_size,
+      reference_batch_size=reference_batch_size,
+    )
   )
 
 
 def scale_by_adascale(
-  *, beta: float | None = None, eps: float = 1e-6, num_samples: int | None = None
+  *,
+  beta: float | None = None,
+  eps: float = 1e-6,
+  num_samples: int | None = None,
+  power: float = 1.0,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale's global gain ratio ``R = (sum_k A_k + eps) / (sum_k D_k + eps)``, in [1, S].
 
@@ -309,6 +380,11 @@ def scale_by_adascale(
     beta: moving-average weight; ``None`` means ``min(S / 1000, 1)``.
     eps: stabiliser of the ratio.
     num_samples: the S that the statistics must have, or ``None``.
+    power: p; the update is multiplied by ``r ** p`` (0.5: the square-root rule for
+      Adam-type optimizers).
+    per_worker_batch_size: b (with ``reference_batch_size``).
+    reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the cap becomes
+      ``k = S b / b0``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -317,24 +393,51 @@ def scale_by_adascale(
     Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for Distributed
     Training", ICML 2020.
   """
-  return scale_by_gain_ratio(adascale_rule(beta=beta, eps=eps, num_samples=num_samples))
+  return scale_by_gain_ratio(
+    adascale_rule(
+      beta=beta,
+      eps=eps,
+      num_samples=num_samples,
+      power=power,
+      per_worker_batch_size=per_worker_batch_size,
+      reference_batch_size=reference_batch_size,
+    )
+  )
 
 
 def scale_by_linear_scaling(
-  *, num_samples: int | None = None
+  *,
+  num_samples: int | None = None,
+  power: float = 1.0,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """Linear scaling: multiplies every update by S.
+  """Linear scaling: multiplies every update by S (by ``S ** p`` with ``power=p``).
 
   The statistics' moving averages are still tracked (a few scalars per leaf) so that
   :func:`optax_lena.diagnostics` can report gradient noise scales for this baseline too.
 
   Args:
     num_samples: the S that the statistics must have, or ``None``.
+    power: p; the update is multiplied by ``r ** p`` (0.5: the square-root rule for
+      Adam-type optimizers).
+    per_worker_batch_size: b (with ``reference_batch_size``).
+    reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the factor becomes
+      ``k = S b / b0``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
   References:
-    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017; the
+    square-root rule (``power=0.5``): Malladi et al., "On the SDEs and Scaling Rules for
+    Adaptive Gradient Algorithms", NeurIPS 2022.
   """
-  return scale_by_gain_ratio(linear_scaling_rule(num_samples=num_samples))
+  return scale_by_gain_ratio(
+    linear_scaling_rule(
+      num_samples=num_samples,
+      power=power,
+      per_worker_batch_size=per_worker_batch_size,
+      reference_batch_size=reference_batch_size,
+    )
+  )

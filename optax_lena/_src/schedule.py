@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optax_lena._src import checks, tree_utils
+from optax_lena._src import batch_scale, checks, tree_utils
 from optax_lena._src.warmup import num_samples_of
 
 CLOCKS = ("updates", "samples")
@@ -34,6 +34,8 @@ def scale_by_learning_rate(
   clock: str = "updates",
   flip_sign: bool = True,
   num_samples: int | None = None,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Scales updates by ``-learning_rate``, a constant or a schedule on the chosen clock.
 
@@ -49,12 +51,16 @@ def scale_by_learning_rate(
     clock: ``"updates"`` or ``"samples"``.
     flip_sign: multiply by ``-learning_rate`` (gradient descent), as Optax does.
     num_samples: S when no ``grad_stats`` are passed to update (``"samples"`` clock only).
+    per_worker_batch_size: b, with ``reference_batch_size`` (``"samples"`` clock only).
+    reference_batch_size: b0, the batch the rate was tuned at: the sample clock advances by
+      ``k = S b / b0`` base steps (iterations at batch b0) per update.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
   """
   check_clock(clock)
   checks.check_learning_rate(learning_rate)
+  batch_scale.check_batch_sizes(per_worker_batch_size, reference_batch_size)
   if clock == "samples" and checks.is_array(learning_rate):
     raise ValueError(
       "clock='samples' got the learning rate as an array, which is what "
@@ -79,8 +85,9 @@ def scale_by_learning_rate(
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     del params, extra_args
     s = num_samples_of(grad_stats, num_samples, "scale_by_learning_rate(clock='samples')")
+    k = batch_scale.update_scale(s, per_worker_batch_size, reference_batch_size)
     step_size = sign * learning_rate(state.base_steps)
     updates = tree_utils.map_active(lambda u: jnp.asarray(step_size, u.dtype) * u, updates)
-    return updates, ScaleBySampleClockState(state.base_steps + s)
+    return updates, ScaleBySampleClockState(state.base_steps + k)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optax_lena._src import checks, gain_ratio, stats, tree_utils
+from optax_lena._src import batch_scale, checks, gain_ratio, stats, tree_utils
 from optax_lena._src import grouping as grouping_lib
 
 PyTree = Any
@@ -52,6 +52,8 @@ def layerwise_warmup(
   eps: float | None = None,
   grouping: grouping_lib.Grouping = None,
   num_samples: int | None = None,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA's layer-wise state-aware warm-up (Eqs. 6-7, Algorithm 1 lines 17-21).
 
@@ -90,6 +92,12 @@ def layerwise_warmup(
   with the same shared core; give it the same rule as the scaling transformation. Under a
   global rule the progress advances by that rule's ratio (S for linear scaling, R for AdaScale).
 
+  **Power and reference batch.** The progress counts single-worker (reference-batch)
+  iterations: it advances by the ratio r_k whatever the rule's ``power`` (an update scaled by
+  ``r_k ** 0.5`` for Adam is still worth r_k single-worker iterations), and with a reference
+  batch b0 the ratio, its cap and S in the variants are those of the scale ``k = S b / b0``,
+  with theta in iterations at batch b0.
+
   Args:
     warmup_threshold: theta, in single-worker iterations (``alpha * T1``; the paper's alpha is
       5% of the single-worker run's iterations).
@@ -101,6 +109,9 @@ def layerwise_warmup(
     eps: stabiliser of the rule's ratio; ``None`` means the rule's default 1e-6.
     grouping: the rule's grouping (``"lena"`` only).
     num_samples: the S the statistics must have, or ``None``.
+    per_worker_batch_size: b, with ``reference_batch_size`` (the rule's).
+    reference_batch_size: b0, the batch the rate was tuned at (the rule's); theta then counts
+      iterations at batch b0.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -116,11 +127,17 @@ def layerwise_warmup(
       "('ratio' is the paper's)."
     )
   rule = gain_ratio.rule_from_name(
-    rule, beta=beta, eps=eps, grouping=grouping, num_samples=num_samples
+    rule,
+    beta=beta,
+    eps=eps,
+    grouping=grouping,
+    num_samples=num_samples,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
   )
 
   def init_fn(params):
-    ratio_state = gain_ratio.init_gain_ratio_state(params)
+    ratio_state = gain_ratio.init_gain_ratio_state(params, rule.power)
     n = ratio_state.ratio.shape[0]
     return LayerwiseWarmupState(
       ratio_state=ratio_state,
@@ -132,7 +149,7 @@ def layerwise_warmup(
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     del params, extra_args
     ratio_state = gain_ratio.advance_gain_ratio(state.ratio_state, rule, updates, grad_stats)
-    advance = progress_advance(ratio_state.ratio, grad_stats.num_samples, progress)
+    advance = progress_advance(ratio_state.ratio, rule.scale(grad_stats.num_samples), progress)
     new_progress = state.progress + advance
     warming = new_progress <= warmup_threshold
     factor = jnp.where(warming, new_progress / warmup_threshold, 1.0).astype(jnp.float32)
@@ -150,7 +167,8 @@ def progress_advance(ratio: jax.Array, num_samples: int, progress: str = "ratio"
 
   Args:
     ratio: the update's per-leaf ratios ``r_k`` (float32, each in ``[1, S]``).
-    num_samples: S of the update (a Python int).
+    num_samples: the scale of the update (a Python int): S, or ``k = S b / b0`` with a
+      reference batch.
     progress: ``"ratio"`` (``r_k``, the paper's Eq. 6), ``"relative_to_max"``
       (``S * r_k / max_j r_j``) or ``"relative_to_mean"`` (``min(S * r_k / mean_j r_j, S)``).
 
@@ -187,16 +205,23 @@ def num_samples_of(grad_stats: stats.GradStats | None, num_samples: int | None, 
 
 
 def fixed_warmup(
-  warmup_steps: float, *, num_samples: int | None = None
+  warmup_steps: float,
+  *,
+  num_samples: int | None = None,
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """The fixed linear warm-up of LSW, counted in base steps.
 
-  The update with index t (1 at the first update) is multiplied by ``min(t * S / W, 1)``.
+  The update with index t (1 at the first update) is multiplied by ``min(t * S / W, 1)``
+  (``min(t * k / W, 1)`` with a reference batch, ``k = S b / b0``).
 
   Args:
     warmup_steps: W, the warm-up length in single-worker iterations (the paper: 5.5% of the
-      base steps of training); 0 disables it.
+      base steps of training); 0 disables it. With a reference batch: iterations at batch b0.
     num_samples: S, needed only when no ``grad_stats`` are passed to update.
+    per_worker_batch_size: b, with ``reference_batch_size``.
+    reference_batch_size: b0, the batch the rate was tuned at; each update counts k base steps.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
@@ -206,6 +231,7 @@ def fixed_warmup(
   """
   checks.check_warmup_steps(warmup_steps)
   checks.check_num_samples(num_samples)
+  batch_scale.check_batch_sizes(per_worker_batch_size, reference_batch_size)
 
   def init_fn(params):
     del params
@@ -214,7 +240,8 @@ def fixed_warmup(
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     del params, extra_args
     s = num_samples_of(grad_stats, num_samples, "fixed_warmup")
-    base_steps = state.base_steps + s
+    k = batch_scale.update_scale(s, per_worker_batch_size, reference_batch_size)
+    base_steps = state.base_steps + k
     safe_w = jnp.maximum(jnp.asarray(warmup_steps, jnp.float32), 1e-30)
     factor = jnp.where(
       jnp.asarray(warmup_steps) > 0, jnp.minimum(base_steps / safe_w, 1.0), 1.0

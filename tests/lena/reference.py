@@ -25,6 +25,17 @@ Conventions (from docs/LENA.md and the test brief):
   or at ``(t - 1) * S`` (clock ``'samples'``, base steps seen before this update).
 * Update (PyTorch momentum SGD, coupled weight decay): ``d = gbar + wd * w``, ``m = mu * m + d``,
   ``w = w - eta_k * m``; a layer excluded by ``decay_mask`` has ``d = gbar``.
+* Power p: the rate multiplier is ``ratio ** p`` (the ratio itself in ``[1, k]``); the
+  state-aware progress still advances by the ratio.
+* Reference batch b0 (with per-worker batch b): the scale ``k = S b / b0`` replaces S as the
+  ratio's cap, linear scaling's ratio, the base steps of the fixed warm-up (``t * k``) and the
+  sample clock (``(t - 1) * k``). The statistics stay those of the S gradients; the ratio's
+  numerator is the expected squared norm of a batch-b0 gradient,
+  ``A_ref = ((k - 1) A + (S - k) D) / (S - 1)`` (from ``E||g_b||^2 = |G|^2 + tr / b``), and
+  ``r = clip((A_ref + eps) / (D + eps), 1, k)``.
+* Inner update ``'adamw'``: ``m = b1 m + (1 - b1) gbar``, ``v = b2 v + (1 - b2) gbar^2``,
+  ``d = m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + adam_eps) + wd * w`` (decoupled decay),
+  ``w = w - eta_k * d``.
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ class StepRecord:
   global_ratio: float  # clipped AdaScale ratio R
   warmup_progress: np.ndarray  # P_k (state-aware), 0 for the other warm-ups
   warmup_factor: np.ndarray  # factor in (0, 1]
-  lr_multiplier: np.ndarray  # gain_ratio * warmup_factor
+  lr_multiplier: np.ndarray  # gain_ratio ** power * warmup_factor
   warmup_end_step: np.ndarray  # state-aware: first update whose factor is 1; else -1
   params: list[np.ndarray]  # parameters after the update
 
@@ -79,6 +90,13 @@ class ReferenceOptimizer:
     clock: ``'updates'`` (schedule(t - 1)) or ``'samples'`` (schedule((t - 1) * S)).
     decay_mask: one bool per layer, False for the layers that get no weight decay; ``None``
       means every layer is decayed.
+    power: p of the rate multiplier ``ratio ** p``.
+    per_worker_batch_size: b (with ``reference_batch_size``).
+    reference_batch_size: b0, the batch the rate was tuned at; ``None`` means b.
+    inner: ``'sgd'`` (momentum SGD, coupled decay) or ``'adamw'``.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    adam_eps: Adam's eps.
   """
 
   def __init__(
@@ -96,6 +114,13 @@ class ReferenceOptimizer:
     schedule: Callable[[float], float] | None = None,
     clock: str = "updates",
     decay_mask: Sequence[bool] | None = None,
+    power: float = 1.0,
+    per_worker_batch_size: int | None = None,
+    reference_batch_size: int | None = None,
+    inner: str = "sgd",
+    b1: float = 0.9,
+    b2: float = 0.999,
+    adam_eps: float = 1e-8,
   ) -> None:
     if rule not in RULES:
       raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
@@ -120,6 +145,14 @@ class ReferenceOptimizer:
     self.schedule = schedule
     self.clock = clock
     self.decay_mask = None if decay_mask is None else [bool(x) for x in decay_mask]
+    if inner not in ("sgd", "adamw"):
+      raise ValueError(f"inner must be 'sgd' or 'adamw', got {inner!r}")
+    self.power = float(power)
+    self.batch = per_worker_batch_size
+    self.reference_batch = reference_batch_size
+    self.inner = inner
+    self.b1, self.b2, self.adam_eps = float(b1), float(b2), float(adam_eps)
+    self._v: list[np.ndarray] | None = None
     # State, created at the first step once the number of layers is known.
     self.t = 0
     self.history: list[StepRecord] = []
@@ -148,6 +181,7 @@ class ReferenceOptimizer:
     self._progress = np.zeros(self._num_groups)
     self._end = np.full(self._num_groups, -1, dtype=np.int64)
     self._m = [np.zeros(np.shape(w), dtype=np.float64) for w in params]
+    self._v = [np.zeros(np.shape(w), dtype=np.float64) for w in params]
 
   def step(
     self, params: Sequence[np.ndarray], per_worker_grads: Sequence[np.ndarray]
@@ -178,18 +212,25 @@ class ReferenceOptimizer:
     top_g = np.bincount(gof, weights=top, minlength=self._num_groups)
     bot_g = np.bincount(gof, weights=bot, minlength=self._num_groups)
 
+    # The scale: S, or the number of reference batches in the global batch.
+    k = S if self.reference_batch is None else S * self.batch / self.reference_batch
+
     # Step 2 (Eq. 8): EMAs from 0.
     beta = min(S / 1000.0, 1.0) if self.beta is None else float(self.beta)
     self._a_ema = beta * top_g + (1.0 - beta) * self._a_ema
     self._d_ema = beta * bot_g + (1.0 - beta) * self._d_ema
+    if k == S or S == 1:
+      a_ref = self._a_ema
+    else:
+      a_ref = ((k - 1) * self._a_ema + (S - k) * self._d_ema) / (S - 1)
 
     # Step 3: clipped ratios, layer-wise and the global AdaScale one.
     with np.errstate(divide="ignore"):  # eps = 0 with D = 0 gives inf, clipped to S
-      r_g = np.clip((self._a_ema + self.eps) / (self._d_ema + self.eps), 1.0, S)
-      total = (self._a_ema.sum() + self.eps) / (self._d_ema.sum() + self.eps)
-      R = float(np.clip(total, 1.0, S))
+      r_g = np.clip((a_ref + self.eps) / (self._d_ema + self.eps), 1.0, k)
+      total = (a_ref.sum() + self.eps) / (self._d_ema.sum() + self.eps)
+      R = float(np.clip(total, 1.0, k))
     if self.rule == "linear_scaling":
-      ratio_g = np.full(self._num_groups, float(S))
+      ratio_g = np.full(self._num_groups, float(k))
     elif self.rule == "adascale":
       ratio_g = np.full(self._num_groups, R)
     else:
@@ -201,7 +242,7 @@ class ReferenceOptimizer:
       progress_g = np.zeros(self._num_groups)
     elif self.warmup == "fixed":
       assert self.warmup_steps is not None
-      base_steps = t * S
+      base_steps = t * k
       factor_g = np.full(self._num_groups, min(base_steps / self.warmup_steps, 1.0))
       progress_g = np.zeros(self._num_groups)
     else:
@@ -217,19 +258,27 @@ class ReferenceOptimizer:
     if self.schedule is None:
       lr = self.lr0
     else:
-      clock_value = (t - 1) if self.clock == "updates" else (t - 1) * S
+      clock_value = (t - 1) if self.clock == "updates" else (t - 1) * k
       lr = self.lr0 * float(self.schedule(clock_value))
-    mult = (ratio_g * factor_g)[gof]
+    mult = (ratio_g**self.power * factor_g)[gof]
 
     # Step 6: momentum SGD with coupled weight decay; the layer rate multiplies the buffer.
     new_params = []
     if self.decay_mask is not None and len(self.decay_mask) != len(params):
       raise ValueError(f"decay_mask has {len(self.decay_mask)} entries for {len(params)} layers")
-    for k, (w, gb) in enumerate(zip(params, gbar, strict=True)):
-      decayed = self.decay_mask is None or self.decay_mask[k]
-      d = gb + self.weight_decay * w if decayed else gb
-      self._m[k] = self.momentum * self._m[k] + d
-      new_params.append(w - lr * mult[k] * self._m[k])
+    assert self._v is not None
+    for j, (w, gb) in enumerate(zip(params, gbar, strict=True)):
+      decay = self.weight_decay * w if self.decay_mask is None or self.decay_mask[j] else 0.0
+      if self.inner == "sgd":
+        self._m[j] = self.momentum * self._m[j] + gb + decay
+        step = self._m[j]
+      else:
+        self._m[j] = self.b1 * self._m[j] + (1.0 - self.b1) * gb
+        self._v[j] = self.b2 * self._v[j] + (1.0 - self.b2) * gb**2
+        m_hat = self._m[j] / (1.0 - self.b1**t)
+        v_hat = self._v[j] / (1.0 - self.b2**t)
+        step = m_hat / (np.sqrt(v_hat) + self.adam_eps) + decay
+      new_params.append(w - lr * mult[j] * step)
 
     self.history.append(
       StepRecord(

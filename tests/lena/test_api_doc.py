@@ -3,7 +3,7 @@
 mentions exists.
 
 A signature is written as Python prints it without annotations (``inspect.signature``), e.g.
-``ol.fixed_warmup(warmup_steps, *, num_samples=None)``, in the first cell of a table row. When a
+``ol.per_layer_tree(vector, params)``, in the first cell of a table row. When a
 signature changes, the failure message prints the row to paste.
 """
 
@@ -105,8 +105,8 @@ def test_every_name_the_page_mentions_exists():
 
 def test_the_renderer_writes_what_the_page_expects():
   # Guards the checker itself: keyword-only markers, defaults and class defaults.
-  assert render("ol", "fixed_warmup", ol.fixed_warmup) == (
-    "ol.fixed_warmup(warmup_steps, *, num_samples=None)"
+  assert render("ol", "noise_scale", ol.noise_scale) == (
+    "ol.noise_scale(sq_norm_mean, mean_grad_sq_norm, s)"
   )
 
   def f(a, *args, b=1e-6, c="x", d=int, **kw):

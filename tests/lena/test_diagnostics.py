@@ -145,3 +145,84 @@ def test_nnx_state_gives_named_plain_trees():
     "gain_ratio/out/kernel",
   }
   json.dumps(flat, allow_nan=False)
+
+
+# -- batch-size advice: the critical batch size and the expected speed-up ----------------------
+
+DIM, NUM_GRADS, STEPS_NOISE, BETA = 2000, 16, 300, 0.02
+
+
+def noise_scale_problem(true_noise_scale: float, seed: int):
+  """Per-worker gradients ``u + sigma z_i``, |u| = 1, z_i ~ N(0, I): B_simple = sigma^2 DIM.
+
+  Returns the final optimizer state and the a-priori relative standard deviation of the
+  estimate (the signal estimate dominates it: per update ``bot`` has variance
+  ``4 sigma^2 / S + 2 sigma^4 DIM / S^2``; the moving average keeps ``beta / (2 - beta)`` of it).
+  """
+  sigma = np.sqrt(true_noise_scale / DIM)
+  rng = np.random.RandomState(seed)
+  u = rng.randn(DIM)
+  u /= np.linalg.norm(u)
+  tx = ol.scale_by_lena(beta=BETA, eps=0.0)
+  params = {"w": jnp.zeros(DIM)}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(state, stacked):
+    grads, stats = ol.stacked_grad_stats(stacked)
+    return tx.update(grads, state, params, grad_stats=stats)[1]
+
+  for _ in range(STEPS_NOISE):
+    g = u + sigma * rng.randn(NUM_GRADS, DIM)
+    state = step(state, {"w": jnp.asarray(g, jnp.float32)})
+  s = NUM_GRADS
+  per_update = np.sqrt(4 * sigma**2 / s + 2 * sigma**4 * DIM / s**2) * s / (s - 1)
+  return state, per_update * np.sqrt(BETA / (2 - BETA))
+
+
+@pytest.mark.parametrize("true_noise_scale", [4.0, 64.0])
+def test_critical_batch_size_and_speedup_on_a_closed_form_noise_scale(true_noise_scale):
+  state, rel_std = noise_scale_problem(true_noise_scale, seed=0)
+  candidates = [1.0, 4.0, 16.0, 64.0, 256.0]
+  diag = ol.diagnostics(state, candidate_scales=candidates)
+  crit = float(diag["critical_batch_size"])
+  # Five standard deviations of the estimate, fixed before looking at the result.
+  np.testing.assert_allclose(crit, true_noise_scale, rtol=5 * rel_std)
+  assert crit == float(diag["global_noise_scale"])  # one leaf: the layer's noise scale
+  # The speed-up follows from the estimate with McCandlish et al.'s steps ~ 1 + B_crit / B ...
+  s = NUM_GRADS
+  want = (1 + crit / s) / (1 + crit / np.asarray(candidates))
+  np.testing.assert_allclose(np.asarray(diag["expected_speedup"]), want, rtol=1e-6)
+  # ... and is the closed form up to the estimate's error, 1 at the current scale.
+  closed = (1 + true_noise_scale / s) / (1 + true_noise_scale / np.asarray(candidates))
+  np.testing.assert_allclose(np.asarray(diag["expected_speedup"]), closed, rtol=5 * rel_std)
+  assert float(diag["expected_speedup"][2]) == pytest.approx(1.0, rel=1e-6)
+  # Below B_crit a larger batch nearly divides the updates; far above it, it hardly helps.
+  speedup = dict(zip(candidates, np.asarray(diag["expected_speedup"]).tolist(), strict=True))
+  if true_noise_scale < s:
+    assert speedup[256.0] < 1.3
+  else:
+    assert speedup[64.0] > 2.0
+  flat = ol.flat_diagnostics(state, candidate_scales=candidates)
+  assert flat["critical_batch_size"] == pytest.approx(crit)
+  assert flat["expected_speedup/256"] == pytest.approx(speedup[256.0])
+  assert flat["expected_speedup/1"] == pytest.approx(speedup[1.0])
+
+
+def test_speedup_when_noise_dominates_is_linear_and_critical_batch_is_left_out():
+  state = run(ol.adascale(0.1), 3)  # the "noise" layer cancels, the "signal" has no noise
+  diag = ol.diagnostics(ol.scale_by_linear_scaling().init(PARAMS), candidate_scales=[8.0])
+  assert np.isnan(float(diag["critical_batch_size"]))  # no statistics yet (S = 0)
+  assert np.isnan(float(diag["expected_speedup"][0]))
+  noise_only = {"noise": jnp.zeros((2,))}
+  tx = ol.scale_by_lena(eps=0.0)
+  st = tx.init(noise_only)
+  for t in range(3):
+    grads, stats = ol.stacked_grad_stats({"noise": stacked_grads(t)["dense"]["noise"]})
+    _, st = tx.update(grads, st, noise_only, grad_stats=stats)
+  diag = ol.diagnostics(st, candidate_scales=[2.0, 8.0])
+  assert np.isinf(float(diag["critical_batch_size"]))
+  np.testing.assert_allclose(np.asarray(diag["expected_speedup"]), [2.0 / S, 8.0 / S])
+  flat = ol.flat_diagnostics(st, candidate_scales=[8.0])
+  assert "critical_batch_size" not in flat and flat["expected_speedup/8"] == 8.0 / S
+  assert "critical_batch_size" in ol.flat_diagnostics(state)

@@ -331,3 +331,52 @@ def test_diagnostics_with_another_parameter_tree():
     ol.diagnostics(state, {"w": jnp.ones(2)})
   with pytest.raises(ValueError, match="pass the parameter tree the optimizer was initialised"):
     ol.per_layer_tree(jnp.ones(3), PARAMS)
+
+
+# -- power and reference batch (checks.py, batch_scale.py) -------------------------------------
+
+
+@pytest.mark.parametrize(
+  "build, match",
+  [
+    (lambda: ol.lena(0.1, power=0.0), "power must be a positive float"),
+    (lambda: ol.scale_by_adascale(power=-0.5), "power must be a positive float"),
+    (lambda: ol.lena_adamw(1e-3, power=float("nan")), "power must be a positive float"),
+    (lambda: ol.GainRatioRule(power=jnp.asarray(-0.5)), "power must be a positive float"),
+    (lambda: ol.GainRatioRule(power=None), "power must be a positive float"),
+    (lambda: ol.lena(0.1, reference_batch_size=256), "needs per_worker_batch_size"),
+    (lambda: ol.fixed_warmup(8, per_worker_batch_size=32), "needs per_worker_batch_size"),
+    (
+      lambda: ol.linear_scaling_adamw(1e-3, per_worker_batch_size=0, reference_batch_size=8),
+      "per_worker_batch_size must be a positive int",
+    ),
+  ],
+)
+def test_bad_power_and_batch_sizes_raise_at_construction(build, match):
+  with pytest.raises(ValueError, match=match):
+    build()
+
+
+@pytest.mark.parametrize(
+  "reference, match",
+  [
+    (100, r"not a multiple of reference_batch_size=100.*the nearest is 128"),
+    (512, r"smaller than reference_batch_size=512.*reference_batch_size=32"),
+  ],
+)
+def test_reference_batch_that_does_not_divide_names_the_fix(reference, match):
+  mean, stats = stats_for(PARAMS, s=8)  # global batch 8 x 32 = 256
+  for tx in (
+    ol.lena(0.1, per_worker_batch_size=32, reference_batch_size=reference),
+    ol.linear_scaling(
+      0.1, warmup_steps=10, per_worker_batch_size=32, reference_batch_size=reference
+    ),
+    ol.scale_by_learning_rate(
+      optax.constant_schedule(0.1),
+      clock="samples",
+      per_worker_batch_size=32,
+      reference_batch_size=reference,
+    ),
+  ):
+    with pytest.raises(ValueError, match=match):
+      tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)

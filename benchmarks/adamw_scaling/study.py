@@ -1,0 +1,129 @@
+"""AdamW at large batch: linear vs square-root scaling, LAMB, AdaScale and LENA (p = 1, 1/2).
+
+A small attention model (``model.py``) on MNIST-1D sequences, S = 8 ... 256 per-worker
+gradients of batch 8, the same epoch budget at every S, AdamW's rate tuned at S = 8 (global
+batch 64, the reference batch of the optax_lena optimizers). Methods: ``train.METHODS``.
+
+The grid runs in two phases, both resumable with ``benchmarks.harness.run_grid`` (finished runs
+are skipped; ``--shard I/N`` lets N processes share a phase):
+
+  python -m benchmarks.adamw_scaling.study --phase sweep             # AdamW's rate at S = 8
+  python -m benchmarks.adamw_scaling.study --phase grid --seeds 0    # every method, seed 0
+  python -m benchmarks.adamw_scaling.study --phase grid --seeds 0 1 2 --shard 0/2   # and 1/2
+  python -m benchmarks.adamw_scaling.study --report_only             # tables and plots
+
+LAMB's rate is swept at every S with seed 0; its other seeds use that S's best rate. The raw
+runs are packed into ``results/runs.tar.xz`` (unpacked again when ``runs/`` is absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+SCALES = (8, 32, 128, 256)
+ADAM_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+LAMB_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+EPOCHS = 8
+NUM_SAMPLES = 10_000
+SWEEP_METHOD = "adam_lsw"  # at S = 8 every rule has scale 1: this is plain AdamW
+
+
+def final_accuracy(workdir: Path) -> float | None:
+  from examples import metrics
+
+  if not harness.is_finished(workdir):
+    return None
+  return float(metrics.read_metrics(workdir, "eval")[-1]["eval_accuracy"])
+
+
+def sweep_runs(epochs: int, num_samples: int) -> list[Any]:
+  from benchmarks.adamw_scaling.train import Run
+
+  return [Run(SWEEP_METHOD, 8, 0, lr, epochs, num_samples, sweep=True) for lr in ADAM_RATES]
+
+
+def best_rate(runs: Sequence[Any], runs_dir: Path) -> float | None:
+  """The rate of the most accurate finished run (None until all have finished)."""
+  scored = [(final_accuracy(runs_dir / r.name), r.learning_rate) for r in runs]
+  if any(acc is None for acc, _ in scored):
+    return None
+  return max(scored, key=lambda t: (t[0], -t[1]))[1]
+
+
+def grid_runs(
+  runs_dir: Path, seeds: Sequence[int], scales: Sequence[int], epochs: int, num_samples: int
+) -> list[Any]:
+  """Seed-major, so that a cut-short grid has every method at every S for the first seeds."""
+  from benchmarks.adamw_scaling.train import METHODS, Run
+
+  rate = best_rate(sweep_runs(epochs, num_samples), runs_dir)
+  if rate is None:
+    raise SystemExit(
+      "The AdamW rate sweep has not finished: run python -m benchmarks.adamw_scaling.study "
+      "--phase sweep first."
+    )
+  runs = []
+  for seed in seeds:
+    for s in scales:
+      for method in METHODS:
+        if method == "lamb":
+          sweep = [Run("lamb", s, 0, lr, epochs, num_samples, sweep=True) for lr in LAMB_RATES]
+          if seed == 0:
+            runs += sweep
+            continue
+          lamb_rate = best_rate(sweep, runs_dir)
+          if lamb_rate is not None:
+            runs.append(Run("lamb", s, seed, lamb_rate, epochs, num_samples, sweep=True))
+        elif s == 8 and method != SWEEP_METHOD:
+          continue  # scale 1: every optax_lena rule is the same AdamW as the baseline
+        elif s == 8 and seed == 0:
+          continue  # the sweep's best run is this cell
+        else:
+          runs.append(Run(method, s, seed, rate, epochs, num_samples, sweep=s == 8))
+  return runs
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--phase", choices=("sweep", "grid"), default="grid")
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--scales", type=int, nargs="+", default=list(SCALES))
+  parser.add_argument("--epochs", type=int, default=EPOCHS)
+  parser.add_argument("--num_samples", type=int, default=NUM_SAMPLES)
+  parser.add_argument("--shard", type=harness.parse_shard, default=(0, 1))
+  parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+  parser.add_argument("--report_only", action="store_true")
+  args = parser.parse_args(argv)
+  runs_dir = args.out / "runs"
+  harness.unpack_runs(args.out)
+  if not args.report_only:
+    from benchmarks.adamw_scaling import train
+
+    data = train.load_data(args.num_samples)
+    if args.phase == "sweep":
+      runs = sweep_runs(args.epochs, args.num_samples)
+    else:
+      runs = grid_runs(runs_dir, args.seeds, args.scales, args.epochs, args.num_samples)
+    harness.run_grid(
+      runs,
+      lambda run, workdir: train.train(run, workdir, data),
+      runs_dir,
+      shard=args.shard,
+      config_of=train.config_of,
+    )
+    harness.write_json(args.out / "machine.json", harness.machine_info())
+    harness.pack_runs(args.out)
+  if args.phase == "grid" or args.report_only:
+    from benchmarks.adamw_scaling import report
+
+    report.write_report(args.out)
+
+
+if __name__ == "__main__":
+  main()

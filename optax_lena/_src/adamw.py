@@ -1,0 +1,304 @@
+"""Large-batch AdamW: LENA, AdaScale and linear scaling around Adam, on the square-root rule.
+
+**Why a power.** For momentum SGD, an update that averages k times more samples has k times less
+gradient variance, and k times the rate keeps the trajectory (linear scaling; the gain ratio r
+of AdaScale and LENA estimates that k, the number of single-worker iterations the update is
+worth, from the gradients' noise). Adam divides its step by the root of the second-moment
+estimate, which shrinks with the variance too, so k times the rate over-steps. Malladi et al.
+(NeurIPS 2022) show that Adam and RMSprop follow the same SDE at batch k b when the rate grows
+as ``sqrt(k)`` (and ``1 - beta`` by k, eps by ``1 / sqrt(k)``); AdaptDL's scaling for Adam and
+LEGW (You et al., 2019) use the same square root. Chaining ``optax.scale_by_adam`` with
+``ol.scale_by_lena()`` multiplies Adam's step by r, i.e. linear scaling in disguise; the
+optimizers here multiply it by ``r ** power`` with ``power=0.5`` by default: the square-root rule
+with AdaScale's global or LENA's per-layer estimate of k in place of S.
+
+**The chain.** ``skip_nonfinite_steps(chain(scale_by_adam(b1, b2, adam_eps),
+add_decayed_weights(weight_decay, mask), gain ratio ** power, warm-up, -eta0 * schedule))``,
+i.e. ``w <- w - eta_k (m_hat / (sqrt(v_hat) + adam_eps) + lambda w)`` with
+``eta_k = r_k ** p * warmup_k * eta0 * schedule``: AdamW (Loshchilov and Hutter, ICLR 2019)
+whose rate is scaled per layer. The weight decay is decoupled from the moments and multiplied by
+the layer's rate, as ``optax.adamw`` multiplies it by the learning rate. The ratios read the
+statistics of the raw gradients (``grad_stats``), never Adam's direction. The state-aware
+warm-up's progress still advances by r (single-worker iterations), so ``theta`` keeps its unit.
+
+Only the rate follows the rule: the betas and eps are the user's (as AdaptDL and LEGW do). With
+a fixed S, Malladi et al.'s full rule can be applied by hand (``b1 = 1 - S (1 - b1_1)``, etc.).
+"""
+
+from __future__ import annotations
+
+import optax
+
+from optax_lena._src import alias, gain_ratio
+from optax_lena._src import grouping as grouping_lib
+
+
+def large_batch_adamw(
+  learning_rate: optax.ScalarOrSchedule,
+  rule: gain_ratio.GainRatioRule,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  adam_eps: float = 1e-8,
+  weight_decay: float = 1e-4,
+  weight_decay_mask: alias.WeightDecayMask = None,
+  warmup_threshold: float | None = None,
+  warmup_steps: float = 0,
+  clock: str = "updates",
+  warmup_progress: str = "ratio",
+) -> optax.GradientTransformationExtraArgs:
+  """AdamW whose per-layer rate is scaled by ``rule`` (give it ``power=0.5``) and warmed up.
+
+  Args:
+    learning_rate: eta0, AdamW's rate at the reference batch (float or Optax schedule).
+    rule: the gain-ratio rule, e.g. ``ol.lena_rule(power=0.5)``.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    adam_eps: Adam's eps (added to the root of the second moment).
+    weight_decay: lambda, decoupled (AdamW) and multiplied by the layer's rate.
+    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
+      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
+    warmup_threshold: theta of the state-aware warm-up in single-worker iterations, or None.
+    warmup_steps: W of the fixed warm-up in base steps, or 0.
+    clock: ``"updates"`` or ``"samples"`` for the schedule.
+    warmup_progress: the state-aware warm-up's progress rule (``progress=`` of
+      :func:`optax_lena.layerwise_warmup`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019; Malladi, Lyu,
+    Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
+    NeurIPS 2022.
+  """
+  inner: list[optax.GradientTransformation] = [optax.scale_by_adam(b1=b1, b2=b2, eps=adam_eps)]
+  if not alias.is_zero(weight_decay):
+    inner.append(alias.decayed_weights(weight_decay, weight_decay_mask))
+  return alias.gain_ratio_chain(
+    inner,
+    learning_rate,
+    rule,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
+    warmup_progress=warmup_progress,
+  )
+
+
+def lena_adamw(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  adam_eps: float = 1e-8,
+  weight_decay: float = 1e-4,
+  weight_decay_mask: alias.WeightDecayMask = None,
+  power: float = 0.5,
+  warmup_threshold: float | None = None,
+  eps: float = 1e-6,
+  beta: float | None = None,
+  grouping: grouping_lib.Grouping = None,
+  warmup_steps: float = 0,
+  clock: str = "updates",
+  num_samples: int | None = None,
+  warmup_progress: str = "ratio",
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """LENA around AdamW: each layer's AdamW rate is multiplied by ``r_k ** power``.
+
+  See :func:`large_batch_adamw` for the chain, and this module's docstring for why the square
+  root. Example::
+
+    tx = ol.lena_adamw(1e-3, weight_decay=0.05, warmup_threshold=0.05 * single_worker_steps)
+    updates, opt_state = tx.update(mean_grads, opt_state, params, grad_stats=stats)
+
+  Args:
+    learning_rate: eta0 (float or schedule), tuned at the reference batch.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    adam_eps: Adam's eps.
+    weight_decay: lambda, decoupled, multiplied by the layer's rate.
+    weight_decay_mask: which leaves get weight decay (pytree of bools or callable).
+    power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for
+      Adam, 1 the linear rule.
+    per_worker_batch_size: b, the batch of each per-worker gradient (with
+      ``reference_batch_size``).
+    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the
+      per-worker batch: the scale becomes ``k = S b / b0``.
+    warmup_threshold: theta of the state-aware warm-up (single-worker iterations), or None.
+    eps: stabiliser of the gain ratio (not Adam's: that is ``adam_eps``).
+    beta: moving-average weight of the statistics; None means ``min(S / 1000, 1)``.
+    grouping: which leaves share a ratio (see :func:`optax_lena.lena`).
+    warmup_steps: a fixed warm-up of W base steps instead.
+    clock: ``"updates"`` or ``"samples"``.
+    num_samples: the S the statistics must have, or None.
+    warmup_progress: the state-aware warm-up's progress rule.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Ko, Lee and Kim, WWW 2022 (the per-layer ratio and warm-up); Malladi et al., NeurIPS 2022
+    (the square-root rule for adaptive optimizers).
+  """
+  rule = gain_ratio.lena_rule(
+    beta=beta,
+    eps=eps,
+    grouping=grouping,
+    num_samples=num_samples,
+    power=power,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
+  )
+  return large_batch_adamw(
+    learning_rate,
+    rule,
+    b1=b1,
+    b2=b2,
+    adam_eps=adam_eps,
+    weight_decay=weight_decay,
+    weight_decay_mask=weight_decay_mask,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
+    warmup_progress=warmup_progress,
+  )
+
+
+def adascale_adamw(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  adam_eps: float = 1e-8,
+  weight_decay: float = 1e-4,
+  weight_decay_mask: alias.WeightDecayMask = None,
+  power: float = 0.5,
+  warmup_threshold: float | None = None,
+  eps: float = 1e-6,
+  beta: float | None = None,
+  warmup_steps: float = 0,
+  clock: str = "updates",
+  num_samples: int | None = None,
+  warmup_progress: str = "ratio",
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """AdaScale around AdamW: AdamW's rate is multiplied by ``R ** power`` (one global ratio).
+
+  Args:
+    learning_rate: eta0 (float or schedule), tuned at the reference batch.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    adam_eps: Adam's eps.
+    weight_decay: lambda, decoupled, multiplied by the rate.
+    weight_decay_mask: which leaves get weight decay (pytree of bools or callable).
+    power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for
+      Adam, 1 the linear rule.
+    per_worker_batch_size: b, the batch of each per-worker gradient (with
+      ``reference_batch_size``).
+    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the
+      per-worker batch: the scale becomes ``k = S b / b0``.
+    warmup_threshold: theta of the state-aware warm-up advancing by R, or None.
+    eps: stabiliser of the gain ratio.
+    beta: moving-average weight; None means ``min(S / 1000, 1)``.
+    warmup_steps: a fixed warm-up of W base steps instead.
+    clock: ``"updates"`` or ``"samples"``.
+    num_samples: the S the statistics must have, or None.
+    warmup_progress: the state-aware warm-up's progress rule.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Johnson et al., "AdaScale SGD", ICML 2020; Malladi et al., NeurIPS 2022.
+  """
+  rule = gain_ratio.adascale_rule(
+    beta=beta,
+    eps=eps,
+    num_samples=num_samples,
+    power=power,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
+  )
+  return large_batch_adamw(
+    learning_rate,
+    rule,
+    b1=b1,
+    b2=b2,
+    adam_eps=adam_eps,
+    weight_decay=weight_decay,
+    weight_decay_mask=weight_decay_mask,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
+    warmup_progress=warmup_progress,
+  )
+
+
+def linear_scaling_adamw(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  adam_eps: float = 1e-8,
+  weight_decay: float = 1e-4,
+  weight_decay_mask: alias.WeightDecayMask = None,
+  power: float = 0.5,
+  warmup_steps: float = 0,
+  warmup_threshold: float | None = None,
+  clock: str = "updates",
+  num_samples: int | None = None,
+  warmup_progress: str = "ratio",
+  per_worker_batch_size: int | None = None,
+  reference_batch_size: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """AdamW at ``S ** power`` times its rate: the square-root LSW baseline (``power=0.5``).
+
+  Args:
+    learning_rate: eta0 (float or schedule), tuned at the reference batch.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    adam_eps: Adam's eps.
+    weight_decay: lambda, decoupled, multiplied by the rate.
+    weight_decay_mask: which leaves get weight decay (pytree of bools or callable).
+    power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for
+      Adam, 1 the linear rule.
+    per_worker_batch_size: b, the batch of each per-worker gradient (with
+      ``reference_batch_size``).
+    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the
+      per-worker batch: the scale becomes ``k = S b / b0``.
+    warmup_steps: W of the fixed linear warm-up in base steps.
+    warmup_threshold: a state-aware warm-up instead (progress advances by S each update).
+    clock: ``"updates"`` or ``"samples"``.
+    num_samples: the S the statistics must have, or None.
+    warmup_progress: the state-aware warm-up's progress rule.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  References:
+    Malladi et al., NeurIPS 2022; You et al., "Large-Batch Training for LSTM and Beyond"
+    (LEGW), SC 2019.
+  """
+  rule = gain_ratio.linear_scaling_rule(
+    num_samples=num_samples,
+    power=power,
+    per_worker_batch_size=per_worker_batch_size,
+    reference_batch_size=reference_batch_size,
+  )
+  return large_batch_adamw(
+    learning_rate,
+    rule,
+    b1=b1,
+    b2=b2,
+    adam_eps=adam_eps,
+    weight_decay=weight_decay,
+    weight_decay_mask=weight_decay_mask,
+    warmup_threshold=warmup_threshold,
+    warmup_steps=warmup_steps,
+    clock=clock,
+    warmup_progress=warmup_progress,
+  )
