@@ -54,6 +54,7 @@ def write_metrics(row: dict[str, Any], workdir: Path, batch_size: int) -> Path:
         "eval_accuracy": float(accuracy),
       }
     )
+  assert writer.path is not None  # a workdir was given
   return writer.path
 
 

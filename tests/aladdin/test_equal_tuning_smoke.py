@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.aladdin import recipe, equal_tuning
+from benchmarks.aladdin import equal_tuning, recipe
 from optax_lena import aladdin as al
 
 

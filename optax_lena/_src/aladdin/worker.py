@@ -124,9 +124,9 @@ def local_step(
   * ``"update"``: the worker's own displacement ``u = x_before - x_after`` of this step, momentum
     and weight decay included. Served by ``optax.sgd(1.0)`` with ``normalise="mean_of_locals"``,
     the global model moves by ``(1/n) sum u``: it stays the average of the local models between
-    merges (Lemma 1), whatever the workers' optimizer. The default: this is the recommended
-    recipe (the algorithm specs of ``optax_lena.aladdin`` default to it too); with plain-SGD workers and
-    ``optax.sgd(eta)`` the two modes are the same algorithm (up to rounding).
+    merges (Lemma 1), whatever the workers' optimizer. The default: it is the recommended
+    recipe (the algorithm specs of ``optax_lena.aladdin`` default to it too); with plain-SGD
+    workers and ``optax.sgd(eta)`` the two modes are the same algorithm (up to rounding).
 
   Sending does not wait for anything; merging a reply is :func:`worker_merge` (line 4). The same
   function serves the simulator and any runtime that moves the message elsewhere.
