@@ -103,7 +103,7 @@ def write_report(out: Path) -> None:
     "\n## Final test accuracy (mean ± std over seeds (n); LAMB: its best rate on seed 0)\n",
     harness.markdown_table(header, cell_rows(acc_cell)),
   ]
-  for fraction, target in zip(TARGET_FRACTIONS, targets, strict=True):
+  for fraction, target in _with_fractions(targets):
     sections += [
       f"\n## Updates to {fraction:.0%} of the baseline's accuracy ({target:.4f})\n",
       harness.markdown_table(header, cell_rows(target_cell(target))),
@@ -122,7 +122,7 @@ def write_report(out: Path) -> None:
       "final_accuracy": final_accuracies(g),
       "iterations_to_target": {
         f"{f:.2f}": [analysis.iterations_to_target(r["evals"], t) for r in g]
-        for f, t in zip(TARGET_FRACTIONS, targets, strict=True)
+        for f, t in _with_fractions(targets)
       },
       "learning_rate": g[0]["config"]["learning_rate"],
     }
@@ -141,6 +141,11 @@ def _sweep_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
         (c["label"], c["num_workers"], c["learning_rate"], run["evals"][-1]["eval_accuracy"])
       )
   return [[label, s, f"{lr:g}", f"{acc:.4f}"] for label, s, lr, acc in sorted(rows)]
+
+
+def _with_fractions(targets: list[float]) -> list[tuple[float, float]]:
+  """(fraction, target) pairs; none while no baseline run has finished."""
+  return list(zip(TARGET_FRACTIONS, targets, strict=True)) if targets else []
 
 
 def _plots(out, cells, scales, methods, base_acc, targets) -> None:
@@ -173,6 +178,6 @@ def _plots(out, cells, scales, methods, base_acc, targets) -> None:
     for m in methods
     if (m, largest) in cells
   }
-  hlines = [(t, f"{f:.0%} of baseline") for f, t in zip(TARGET_FRACTIONS, targets, strict=True)]
+  hlines = [(t, f"{f:.0%} of baseline") for f, t in _with_fractions(targets)]
   fig = analysis.plot_accuracy(curves, hlines, title=f"S = {largest}, seed 0")
   analysis.save_figure(fig, out / f"accuracy_vs_iterations_s{largest}.png")
