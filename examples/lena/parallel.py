@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import flax.jax_utils
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
@@ -228,12 +229,20 @@ class Strategy:
 def _per_device_step(worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
   """The body every device runs under ``pmap`` or ``shard_map`` (batch: ``[K, b, ...]``)."""
 
+  # CPU devices of several processes reduce over gloo, which makes one exchange per buffer of a
+  # combined all-reduce: one flat buffer instead of one per leaf is 6x faster for the default
+  # CNN (benchmarks/multihost). On one process the step is left exactly as it was.
+  packed = jax.process_count() > 1 and jax.default_backend() == "cpu"
+
   def step(state: Any, micro_batches: Batch) -> Any:
     grads, stats, aux = worker(state, micro_batches)
     # Replaces lax.pmean(grads): also all-reduces the per-layer squared norms, S = devices x K.
-    grads, stats = ol.all_reduce_grad_stats(grads, AXIS, local_stats=stats)
+    grads, stats = ol.all_reduce_grad_stats(grads, AXIS, local_stats=stats, packed=packed)
     # Metrics, and BatchNorm statistics: every device normalised with its own micro-batches
     # (as PyTorch DDP does); keep one copy of the running averages by averaging them.
+    if packed:
+      flat_aux, unravel = jax.flatten_util.ravel_pytree(aux)
+      return update(state, grads, stats, unravel(jax.lax.pmean(flat_aux, AXIS)))
     return update(state, grads, stats, jax.lax.pmean(aux, AXIS))
 
   return step

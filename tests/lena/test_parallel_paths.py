@@ -121,6 +121,50 @@ def test_shard_map_with_tuple_axis_matches_stacked():
   np.testing.assert_allclose(mult, ref_mult, rtol=2e-5)
 
 
+@pytest.mark.parametrize("with_local_stats", [False, True])
+def test_packed_all_reduce_matches_per_leaf_and_float64(with_local_stats):
+  """packed=True sends one buffer per dtype; every element is summed over the same workers, so
+  the mean gradients and the per-worker squared norms equal the per-leaf all-reduce bitwise, in
+  each leaf's own dtype and shape. ||mean||^2 is a reduction XLA compiles differently over a
+  slice of the buffer than over a leaf of its own: equal to float32 rounding."""
+  grads = make_worker_grads(NUM_DEVICES)
+  grads["dense"]["bias"] = grads["dense"]["bias"].astype(jnp.bfloat16)  # a second dtype
+  mesh = auto_mesh((NUM_DEVICES,), ("batch",))
+
+  def reduce(packed):
+    def step(local):
+      local = jax.tree.map(lambda x: x[0], local)
+      local_stats = None
+      if with_local_stats:  # as from K = 2 identical micro-batches: S doubles
+        sq = jax.tree.map(lambda x: jnp.sum(jnp.square(x.astype(jnp.float32))), local)
+        local_stats = ol.GradStats(sq, 2)
+      return ol.all_reduce_grad_stats(local, "batch", local_stats=local_stats, packed=packed)
+
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("batch"), out_specs=P()))(grads)
+
+  (mean, stats), (mean_ref, stats_ref) = reduce(True), reduce(False)
+  assert stats.num_samples == stats_ref.num_samples == NUM_DEVICES * (2 if with_local_stats else 1)
+  exact, exact_ref = (mean, stats.sq_norm_mean), (mean_ref, stats_ref.sq_norm_mean)
+  for a, b in zip(jax.tree.leaves(exact), jax.tree.leaves(exact_ref), strict=True):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+  rounded = zip(
+    jax.tree.leaves(stats.mean_grad_sq_norm),
+    jax.tree.leaves(stats_ref.mean_grad_sq_norm),
+    strict=True,
+  )
+  for a, b in rounded:
+    assert a.dtype == b.dtype == jnp.float32
+    np.testing.assert_allclose(a, b, rtol=2e-7)
+  for g, m, top in zip(
+    jax.tree.leaves(grads), jax.tree.leaves(mean), jax.tree.leaves(stats.sq_norm_mean), strict=True
+  ):
+    g64 = np.asarray(g, np.float64).reshape(NUM_DEVICES, -1)
+    tol = 1e-2 if g.dtype == jnp.bfloat16 else 1e-6
+    np.testing.assert_allclose(np.asarray(m, np.float64).ravel(), g64.mean(0), rtol=tol, atol=tol)
+    np.testing.assert_allclose(top, np.mean(np.sum(g64**2, axis=1)), rtol=1e-6)
+
+
 def test_gspmd_sharded_stacked_axis_matches_unsharded():
   grads = make_worker_grads(NUM_DEVICES)
   ref_updates, ref_mult = _one_lena_update(*ol.stacked_grad_stats(grads))
