@@ -226,13 +226,11 @@ class Strategy:
     return mesh_lib.put_global(batch, NamedSharding(self.mesh, P(AXIS)))
 
 
-def _per_device_step(worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
-  """The body every device runs under ``pmap`` or ``shard_map`` (batch: ``[K, b, ...]``)."""
-
-  # CPU devices of several processes reduce over gloo, which makes one exchange per buffer of a
-  # combined all-reduce: one flat buffer instead of one per leaf is 6x faster for the default
-  # CNN (benchmarks/multihost). On one process the step is left exactly as it was.
-  packed = jax.process_count() > 1 and jax.default_backend() == "cpu"
+def _per_device_step(
+  worker: WorkerFn, update: UpdateFn, packed: bool = False
+) -> Callable[[Any, Batch], Any]:
+  """The body every device runs under ``pmap`` or ``shard_map`` (batch: ``[K, b, ...]``);
+  ``packed``: all-reduce one flat buffer instead of one per leaf."""
 
   def step(state: Any, micro_batches: Batch) -> Any:
     grads, stats, aux = worker(state, micro_batches)
@@ -254,7 +252,14 @@ class ShardMap(Strategy):
   name = "shard_map"
 
   def compile(self, worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
-    body = _per_device_step(worker, update)
+    # CPU devices of several processes reduce over gloo, which makes one exchange per buffer of
+    # a combined all-reduce: one flat buffer instead of one per leaf is 6x faster for the
+    # default CNN (benchmarks/multihost). Not with kernels split over 'model' (the buffer would
+    # gather them), nor on one process, where the step stays exactly as it was.
+    packed = (
+      jax.process_count() > 1 and jax.default_backend() == "cpu" and self.layout.model_parallel == 1
+    )
+    body = _per_device_step(worker, update, packed)
 
     def local_step(state: Any, batch: Batch) -> Any:
       # The device's block of the [devices, K, b, ...] batch is [1, K, b, ...].
