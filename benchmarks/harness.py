@@ -241,26 +241,44 @@ def run_grid(
   Returns:
     ``(trained, skipped)``.
   """
-  mine = shard_of(runs, shard)
-  trained = skipped = 0
-  start = time.perf_counter()
-  for i, run in enumerate(mine, 1):
+
+  def finished(run: R) -> bool:
     workdir = Path(runs_dir) / run.name
-    head = f"[{i}/{len(mine)}] {run.name}"
     if config_of is not None:
       check_same_config(workdir, config_of(run), ignore)
-    if is_finished(workdir):
+    return is_finished(workdir)
+
+  def trained(run: R) -> str:
+    workdir = Path(runs_dir) / run.name
+    train(run, workdir)
+    return describe(workdir)
+
+  return _resumable(shard_of(runs, shard), finished, trained)
+
+
+def _resumable(
+  mine: Sequence[R],
+  finished: Callable[[R], bool],
+  run: Callable[[R], str],
+  limit: int | None = None,
+) -> tuple[int, int]:
+  """The loop of :func:`run_grid` and :func:`run_summaries`: skips the finished runs, runs the
+  others (at most ``limit``), one progress line each and a last ``Trained T, skipped K``."""
+  trained = skipped = 0
+  start = time.perf_counter()
+  for i, item in enumerate(mine, 1):
+    if limit is not None and trained >= limit:
+      break
+    head = f"[{i}/{len(mine)}] {item.name}"
+    if finished(item):
       skipped += 1
       print(f"{head}: finished earlier, skipped", flush=True)
       continue
     t0 = time.perf_counter()
-    train(run, workdir)
+    text = run(item)
     trained += 1
-    print(
-      f"{head}: {describe(workdir)}, {time.perf_counter() - t0:.0f} s "
-      f"(grid {time.perf_counter() - start:.0f} s)",
-      flush=True,
-    )
+    now = time.perf_counter()
+    print(f"{head}: {text}, {now - t0:.0f} s (grid {now - start:.0f} s)", flush=True)
   print(f"Trained {trained}, skipped {skipped} in {time.perf_counter() - start:.0f} s.", flush=True)
   return trained, skipped
 
@@ -324,28 +342,13 @@ def run_summaries(
     ``(trained, skipped)``.
   """
   done = set(finished) | store.keys()
-  mine = shard_of(runs, shard)
-  trained = skipped = 0
-  start = time.perf_counter()
-  for i, run in enumerate(mine, 1):
-    if limit is not None and trained >= limit:
-      break
-    head = f"[{i}/{len(mine)}] {run.name}"
-    if run.name in done:
-      skipped += 1
-      print(f"{head}: finished earlier, skipped", flush=True)
-      continue
-    t0 = time.perf_counter()
-    store[run.name] = summarise(run)
+
+  def run(item: R) -> str:
+    store[item.name] = summarise(item)
     save(store)
-    trained += 1
-    print(
-      f"{head}: {describe(store[run.name])}, {time.perf_counter() - t0:.0f} s "
-      f"(grid {time.perf_counter() - start:.0f} s)",
-      flush=True,
-    )
-  print(f"Trained {trained}, skipped {skipped} in {time.perf_counter() - start:.0f} s.", flush=True)
-  return trained, skipped
+    return describe(store[item.name])
+
+  return _resumable(shard_of(runs, shard), lambda item: item.name in done, run, limit)
 
 
 ARCHIVE = "runs.tar.xz"
