@@ -511,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th")
   parser.add_argument("--report_only", action="store_true")
   args = parser.parse_args(argv)
+  shard = harness.parse_shard(args.shard)
   preset = PRESETS["smoke" if args.smoke else "default"]
   out = args.out or (DEFAULT_OUT if not args.smoke else Path("/tmp/aladdin_smoke"))
   out.mkdir(parents=True, exist_ok=True)
@@ -532,7 +533,6 @@ def main(argv: Sequence[str] | None = None) -> str:
     t3 = json.loads(t3_path.read_text())
 
   grid = build_grid(preset, args.parts)
-  shard = harness.parse_shard(args.shard)
   # Every run's summary in one file per shard (runs.json without sharding); all are read.
   path = harness.summaries_path(out, shard)
   runs = harness.load_summaries(out)
