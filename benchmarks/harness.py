@@ -14,6 +14,9 @@ Grids of training runs, resumable and shardable:
 * :func:`run_grid`: trains the unfinished runs of a shard, one progress line per run.
 * :func:`pack_runs` / :func:`unpack_runs`: the raw runs of a study as one ``runs.tar.xz``
   (unpacked when ``runs/`` is absent).
+* :func:`run_summaries`: the same for studies that keep one JSON summary per run in one file
+  (the simulator's and Ray's): a run is finished when its name is a key of the summaries
+  (:func:`load_summaries`, :func:`summaries_path`, :func:`save_summaries`).
 * :func:`write_text` / :func:`write_json`: atomic writes (a reader never sees half a file).
 
 Reports: :func:`mean_std`, :func:`mean_std_reached`, :func:`markdown_table`,
@@ -102,9 +105,9 @@ def write_text(path: str | Path, text: str) -> Path:
   return path
 
 
-def write_json(path: str | Path, obj: Any, indent: int = 1) -> Path:
+def write_json(path: str | Path, obj: Any, indent: int = 1, sort_keys: bool = False) -> Path:
   """Writes ``obj`` as JSON to ``path`` atomically."""
-  return write_text(path, json.dumps(obj, indent=indent) + "\n")
+  return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,28 +241,114 @@ def run_grid(
   Returns:
     ``(trained, skipped)``.
   """
-  mine = shard_of(runs, shard)
-  trained = skipped = 0
-  start = time.perf_counter()
-  for i, run in enumerate(mine, 1):
+
+  def finished(run: R) -> bool:
     workdir = Path(runs_dir) / run.name
-    head = f"[{i}/{len(mine)}] {run.name}"
     if config_of is not None:
       check_same_config(workdir, config_of(run), ignore)
-    if is_finished(workdir):
+    return is_finished(workdir)
+
+  def trained(run: R) -> str:
+    workdir = Path(runs_dir) / run.name
+    train(run, workdir)
+    return describe(workdir)
+
+  return _resumable(shard_of(runs, shard), finished, trained)
+
+
+def _resumable(
+  mine: Sequence[R],
+  finished: Callable[[R], bool],
+  run: Callable[[R], str],
+  limit: int | None = None,
+) -> tuple[int, int]:
+  """The loop of :func:`run_grid` and :func:`run_summaries`: skips the finished runs, runs the
+  others (at most ``limit``), one progress line each and a last ``Trained T, skipped K``."""
+  trained = skipped = 0
+  start = time.perf_counter()
+  for i, item in enumerate(mine, 1):
+    if limit is not None and trained >= limit:
+      break
+    head = f"[{i}/{len(mine)}] {item.name}"
+    if finished(item):
       skipped += 1
       print(f"{head}: finished earlier, skipped", flush=True)
       continue
     t0 = time.perf_counter()
-    train(run, workdir)
+    text = run(item)
     trained += 1
-    print(
-      f"{head}: {describe(workdir)}, {time.perf_counter() - t0:.0f} s "
-      f"(grid {time.perf_counter() - start:.0f} s)",
-      flush=True,
-    )
+    now = time.perf_counter()
+    print(f"{head}: {text}, {now - t0:.0f} s (grid {now - start:.0f} s)", flush=True)
   print(f"Trained {trained}, skipped {skipped} in {time.perf_counter() - start:.0f} s.", flush=True)
   return trained, skipped
+
+
+SUMMARIES = "runs.json"
+Summaries = dict[str, dict[str, Any]]
+
+
+def summaries_path(out: str | Path, shard: tuple[int, int] = (0, 1)) -> Path:
+  """The summary file a shard writes: ``out/runs.json``, or ``out/runs-I-of-N.json`` when N
+  processes share the grid (each writes its own file; :func:`load_summaries` reads them all)."""
+  index, count = shard
+  return Path(out) / (SUMMARIES if count == 1 else f"runs-{index}-of-{count}.json")
+
+
+def load_summaries(path: str | Path) -> Summaries:
+  """The run summaries of one file, or of every ``runs*.json`` of a study's directory (empty
+  when there is none yet)."""
+  path = Path(path)
+  if not path.is_dir():
+    return json.loads(path.read_text()) if path.exists() else {}
+  summaries: Summaries = {}
+  for shard_file in sorted(path.glob("runs*.json")):
+    summaries.update(json.loads(shard_file.read_text()))
+  return summaries
+
+
+def save_summaries(path: str | Path, summaries: Mapping[str, Any]) -> Path:
+  """Writes the summaries atomically, sorted by name (a resumed study rewrites the same bytes)."""
+  return write_json(path, summaries, sort_keys=True)
+
+
+def run_summaries(
+  runs: Sequence[R],
+  summarise: Callable[[R], dict[str, Any]],
+  store: Summaries,
+  save: Callable[[Summaries], object],
+  *,
+  finished: Iterable[str] = (),
+  shard: tuple[int, int] = (0, 1),
+  limit: int | None = None,
+  describe: Callable[[dict[str, Any]], str] = lambda s: f"acc {s['test_accuracy']:.4f}",
+) -> tuple[int, int]:
+  """:func:`run_grid` for runs kept as summaries: runs the unfinished runs of this shard.
+
+  A run is finished when its name is a key of ``store`` or in ``finished`` (the other shards'
+  runs). Each new summary goes into ``store``, which ``save(store)`` writes after every run, so
+  a stopped study resumes. Same progress lines as :func:`run_grid`.
+
+  Args:
+    runs: the grid, in the order it should run.
+    summarise: ``summarise(run) -> summary`` (JSON-serialisable) runs one run.
+    store: this process's summaries (updated in place).
+    save: writes ``store`` (e.g. ``lambda s: save_summaries(path, s)``).
+    finished: names of runs finished elsewhere.
+    shard: ``(I, N)`` from :func:`parse_shard`.
+    limit: run at most this many (the first unfinished ones); None: all.
+    describe: ``summary -> text`` for the progress line.
+
+  Returns:
+    ``(trained, skipped)``.
+  """
+  done = set(finished) | store.keys()
+
+  def run(item: R) -> str:
+    store[item.name] = summarise(item)
+    save(store)
+    return describe(store[item.name])
+
+  return _resumable(shard_of(runs, shard), lambda item: item.name in done, run, limit)
 
 
 ARCHIVE = "runs.tar.xz"

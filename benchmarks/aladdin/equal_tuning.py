@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 import jax
 import optax
 
-from benchmarks.aladdin import runs as cells_io
+from benchmarks import harness
 from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
@@ -225,23 +224,20 @@ def _row_set_table(runs: dict[str, dict], group: str, epochs: int, lr: float) ->
       if not mine:
         continue
       hits = [t for t in (time_to(r, TARGET) for r in mine) if t is not None]
-      reached = cells_io.mean_std(hits, ".0f") if hits else "never"
-      if hits and len(hits) < len(mine):
-        reached += f" ({len(hits)}/{len(mine)})"
       locals_ = [r["local_accuracy"] for r in mine if r["local_accuracy"] is not None]
       rows.append([
         cluster,
         LABELS[alg],
-        cells_io.mean_std([r["test_accuracy"] for r in mine], ".3f"),
-        cells_io.mean_std(locals_, ".3f") if locals_ else "—",
-        reached,
-        cells_io.mean_std([accuracy_at(r, fastest[r["cell"]["seed"]]) for r in mine], ".3f"),
-        cells_io.mean_std([r["time"] for r in mine], ".0f"),
+        harness.mean_std([r["test_accuracy"] for r in mine], ".3f"),
+        harness.mean_std(locals_, ".3f") if locals_ else "—",
+        harness.mean_std_reached(hits, len(mine)),
+        harness.mean_std([accuracy_at(r, fastest[r["cell"]["seed"]]) for r in mine], ".3f"),
+        harness.mean_std([r["time"] for r in mine], ".0f"),
         len(mine),
       ])  # fmt: skip
   header = ["cluster", "algorithm", "global model", "mean of local models", f"time to {TARGET}"]
   header += ["acc. when the fastest finishes", "time to finish", "seeds"]
-  return cells_io.markdown_table(header, rows)
+  return harness.markdown_table(header, rows)
 
 
 def _sweep_table(runs: dict[str, dict], scale: Scale) -> str | None:
@@ -259,12 +255,12 @@ def _sweep_table(runs: dict[str, dict], scale: Scale) -> str | None:
       if not accs:
         continue
       best = max(accs, key=lambda lr: sum(accs[lr]) / len(accs[lr]))
-      cells = [cells_io.mean_std(accs[lr], ".3f") if lr in accs else "—" for lr in rates]
+      cells = [harness.mean_std(accs[lr], ".3f") if lr in accs else "—" for lr in rates]
       rows.append([cluster, LABELS[alg], *cells, f"{best:g}"])
   if not rows:
     return None
   header = ["cluster", "algorithm", *[f"lr {lr:g}" for lr in rates], "best lr"]
-  return cells_io.markdown_table(header, rows)
+  return harness.markdown_table(header, rows)
 
 
 def _ablation_table(runs: dict[str, dict]) -> str | None:
@@ -279,11 +275,11 @@ def _ablation_table(runs: dict[str, dict]) -> str | None:
       rows.append([
         variant,
         mine[0]["cell"]["cluster"],
-        cells_io.mean_std([r["test_accuracy"] for r in mine], ".3f"),
-        cells_io.mean_std(locals_, ".3f"),
+        harness.mean_std([r["test_accuracy"] for r in mine], ".3f"),
+        harness.mean_std(locals_, ".3f"),
         len(mine),
       ])  # fmt: skip
-  return cells_io.markdown_table(
+  return harness.markdown_table(
     ["variant", "cluster", "global model", "mean of local models", "seeds"], rows
   )
 
@@ -357,18 +353,20 @@ def main(argv: Sequence[str] | None = None) -> str:
   scale = SCALES["smoke" if args.smoke else "default"]
   args.out.mkdir(parents=True, exist_ok=True)
   cells = grid(scale)
-  by_name = {c.name: c for c in cells}
-  path = args.out / "runs.json"
-  runs = cells_io.load_runs(path)
+  path = harness.summaries_path(args.out)
+  runs = harness.load_summaries(path)
   if not args.report_only:
-    todo = [c.name for c in cells if c.name not in runs and args.match in c.name]
-    todo = todo[: args.max_cells]
-    runs = cells_io.run_cells(
-      todo, path, lambda name: run_cell(by_name[name], scale, args.cache_dir), runs=runs
+    trained, _ = harness.run_summaries(
+      [c for c in cells if args.match in c.name],
+      lambda cell: run_cell(cell, scale, args.cache_dir),
+      runs,
+      lambda summaries: harness.save_summaries(path, summaries),
+      limit=args.max_cells,
     )
+    if trained:
+      harness.write_json(args.out / "machine.json", harness.machine_info())
   text = report(runs, scale, cells)
-  (args.out / "tables.md").write_text(text)
-  (args.out / "machine.json").write_text(json.dumps(cells_io.machine_info(), indent=1) + "\n")
+  harness.write_text(args.out / "tables.md", text)
   plot(runs, args.out / "accuracy_vs_time.png", scale)
   print(text)
   return text

@@ -22,13 +22,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import harness
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -150,35 +150,35 @@ def table(results: dict[str, Any]) -> str:
   def stat(values: list[float], fmt: str = ".2f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
-  lines = [
-    "| batch | efficiency | compute fraction | worker CPU / loop CPU | shard CPU / loop CPU |"
-    " messages per call |",
-    "|---|---|---|---|---|---|",
-  ]
+  rows = []
   for s in results["single"]:
     p = s["pairs"]
     loop_cpu = [x["loop_cpu_per_iteration"] for x in p]
-    lines.append(
-      f"| {s['batch_size']} | {stat([x['efficiency'] for x in p])} | "
-      f"{stat([x['compute_fraction'] for x in p])} | "
-      f"{stat([x['worker_cpu_per_iteration'] / c for x, c in zip(p, loop_cpu, strict=True)])} | "
-      f"{stat([x['shard_cpu_per_iteration'] / c for x, c in zip(p, loop_cpu, strict=True)])} | "
-      f"{stat([x['messages_per_call'] for x in p], '.1f')} |"
-    )
+    rows.append([
+      s["batch_size"],
+      stat([x["efficiency"] for x in p]),
+      stat([x["compute_fraction"] for x in p]),
+      stat([x["worker_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
+      stat([x["shard_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
+      stat([x["messages_per_call"] for x in p], ".1f"),
+    ])  # fmt: skip
+  header = ["batch", "efficiency", "compute fraction", "worker CPU / loop CPU"]
+  header += ["shard CPU / loop CPU", "messages per call"]
+  text = harness.markdown_table(header, rows)
   if "cluster" in results:
-    lines += [
-      "",
-      "| 4 workers | samples/s | max wait % of a worker | compute % per worker |",
-      "|---|---|---|---|",
+    cluster_rows = [
+      [
+        f"{label} (nice {r['nice'][0]})",
+        f"{r['throughput']:.0f}",
+        f"{100 * max(r['wait_fraction']):.1f}",
+        " ".join(f"{100 * c:.0f}" for c in r["compute_fraction"]),
+      ]
+      for label, runs in results["cluster"]["runs"].items()
+      for r in runs
     ]
-    for label, runs in results["cluster"]["runs"].items():
-      for r in runs:
-        lines.append(
-          f"| {label} (nice {r['nice'][0]}) | {r['throughput']:.0f} | "
-          f"{100 * max(r['wait_fraction']):.1f} | "
-          f"{' '.join(f'{100 * c:.0f}' for c in r['compute_fraction'])} |"
-        )
-  return "\n".join(lines)
+    header = ["4 workers", "samples/s", "max wait % of a worker", "compute % per worker"]
+    text += "\n\n" + harness.markdown_table(header, cluster_rows)
+  return text
 
 
 def main() -> None:
@@ -202,18 +202,13 @@ def main() -> None:
   ad.exit_on_stop_signals()
   ad.connect(num_cpus=args.num_cpus)
   results: dict[str, Any] = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "load_average_at_start": os.getloadavg(),
-    },
+    "machine": harness.machine_info(),
     "single": [single(b, args.seconds, args.repeats) for b in args.batch_sizes],
   }
   results["cluster"] = cluster(
     args.cluster_seconds, args.cluster_repeats, args.workers, compare=not args.smoke
   )
-  args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.write_text(json.dumps(results, indent=1))
+  harness.write_json(args.out, results)
   print(table(results))
 
 

@@ -16,13 +16,33 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
+from benchmarks import harness
+
 CLUSTERS = {"HO": {}, "HE1": {0: 10.0}, "HE2": {0: 100.0}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """One algorithm on one cluster (its key in the results' ``runs``)."""
+
+  cluster: str
+  algorithm: str
+
+  @property
+  def name(self) -> str:
+    return f"{self.cluster}/{self.algorithm}"
+
+
+def _describe(row: dict[str, Any]) -> str:
+  return (
+    f"{row['throughput']:.0f} samples/s, acc {row['test_accuracy']:.3f}, iterations "
+    f"{row['iterations']}, wait {[round(w, 3) for w in row['wait_fraction']]}"
+  )
 
 
 def main() -> None:
@@ -41,8 +61,6 @@ def main() -> None:
   parser.add_argument("--plot_dir", type=Path, default=Path("benchmarks/aladdin/ray"))
   args = parser.parse_args()
 
-  import dataclasses
-
   from examples.aladdin.main import Options, run_one
   from examples.aladdin.task import TaskOptions, build_task
   from optax_lena.aladdin import distributed as ad
@@ -56,33 +74,22 @@ def main() -> None:
   )
   task, accuracy = build_task(base.task)
   accuracy(task.init_params)
-  results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-  results.setdefault(
-    "machine",
-    {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "load_average_at_start": os.getloadavg(),
-    },
-  )
-  runs = results.setdefault("runs", {})
+  results: dict[str, Any] = harness.load_summaries(args.out)
+  results.setdefault("machine", harness.machine_info())
   ad.exit_on_stop_signals()
   ad.connect(num_cpus=args.num_cpus)
-  for cluster in args.clusters:
-    for algorithm in args.algorithms:
-      key = f"{cluster}/{algorithm}"
-      if key in runs:
-        continue
-      options = dataclasses.replace(base, slowdown=CLUSTERS[cluster])
-      row = run_one(algorithm, options, task, accuracy)
-      runs[key] = {**row, "load_average": os.getloadavg()}
-      args.out.parent.mkdir(parents=True, exist_ok=True)
-      args.out.write_text(json.dumps(results, indent=1))
-      print(
-        f"{key:<14} {row['throughput']:8.0f} samples/s  acc {row['test_accuracy']:.3f}  "
-        f"iterations {row['iterations']}  wait {[round(w, 3) for w in row['wait_fraction']]}",
-        flush=True,
-      )
+
+  def train(pair: Pair) -> dict[str, Any]:
+    options = dataclasses.replace(base, slowdown=CLUSTERS[pair.cluster])
+    return {**run_one(pair.algorithm, options, task, accuracy), "load_average": os.getloadavg()}
+
+  harness.run_summaries(
+    [Pair(c, a) for c in args.clusters for a in args.algorithms],
+    train,
+    results.setdefault("runs", {}),
+    lambda _: harness.write_json(args.out, results),
+    describe=_describe,
+  )
   print(table(results))
   plot(results, args.plot_dir)
 
@@ -90,22 +97,17 @@ def main() -> None:
 def table(results: dict[str, Any]) -> str:
   """Markdown table: throughput relative to the algorithm's HO run, waits, accuracy."""
   runs = results["runs"]
-  lines = [
-    "| cluster | algorithm | samples/s | relative to its HO | test acc | iterations per worker "
-    "| wait % per worker |",
-    "|---|---|---|---|---|---|---|",
-  ]
+  rows = []
   for key, r in runs.items():
     cluster, algorithm = key.split("/")
     ho = runs.get(f"HO/{algorithm}")
     rel = f"{r['throughput'] / ho['throughput']:.2f}" if ho else "-"
     waits = " ".join(f"{100 * w:.1f}" for w in r["wait_fraction"])
     its = " ".join(str(i) for i in r["iterations"])
-    lines.append(
-      f"| {cluster} | {algorithm} | {r['throughput']:.0f} | {rel} | {r['test_accuracy']:.3f} "
-      f"| {its} | {waits} |"
-    )
-  return "\n".join(lines)
+    rows.append([cluster, algorithm, f"{r['throughput']:.0f}", rel, f"{r['test_accuracy']:.3f}"])
+    rows[-1] += [its, waits]
+  header = ["cluster", "algorithm", "samples/s", "relative to its HO", "test acc"]
+  return harness.markdown_table([*header, "iterations per worker", "wait % per worker"], rows)
 
 
 def plot(results: dict[str, Any], plot_dir: Path) -> None:

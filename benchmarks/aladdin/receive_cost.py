@@ -25,41 +25,31 @@ Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a sm
 (0.1 M parameters, 6 leaves). The measured ratios and the machine are in
 ``benchmarks/aladdin/RESULTS-receive-cost.md``.
 
-Like ``benchmarks/overhead.py``, the script re-executes itself with glibc told to keep freed
-memory (otherwise every buffer over 32 MB is mapped and unmapped at each call and the page faults
-move the ratios); ``--system-malloc`` turns this off.
+Like the overhead benchmark, the script re-executes itself with glibc told to keep freed memory
+(``benchmarks.harness.reexec_with_caching_malloc``: otherwise every buffer over 32 MB is mapped
+and unmapped at each call and the page faults move the ratios); ``--system-malloc`` turns this
+off.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+from benchmarks import harness
 
-CACHING_MALLOC = (
-  "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:glibc.malloc.arena_max=1"
-)
+if __name__ == "__main__":
+  harness.reexec_with_caching_malloc()
 
-if (
-  __name__ == "__main__"
-  and "--system-malloc" not in sys.argv
-  and os.environ.get("GLIBC_TUNABLES") != CACHING_MALLOC
-  and "jax" not in sys.modules
-):
-  os.environ["GLIBC_TUNABLES"] = CACHING_MALLOC
-  os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+import argparse
+import functools
+import time
+from typing import Any
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-from optax_lena import aladdin as al  # noqa: E402
-from optax_lena._src.aladdin.server import all_finite  # noqa: E402
+from optax_lena import aladdin as al
+from optax_lena._src.aladdin.server import all_finite
 
 
 def resnet50_shapes(num_classes: int = 10) -> dict[str, tuple[int, ...]]:

@@ -19,17 +19,16 @@ table in ``<out>/recipe.md``.
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import math
 import statistics
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import optax
 
+from benchmarks import harness
 from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena._src.aladdin import simulator as sim
@@ -74,6 +73,19 @@ def make_algorithm(candidate: str) -> sim.Algorithm:
   return sim.algorithm("aladdin", worker_tx=worker_tx, **options)
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One candidate on one cluster with one seed."""
+
+  candidate: str
+  cluster: str
+  seed: int
+
+  @property
+  def name(self) -> str:
+    return f"{self.candidate}/{self.cluster}/{self.seed}"
+
+
 def run_one(candidate: str, cluster_name: str, seed: int, cache_dir: Path) -> dict[str, Any]:
   preset = training.PRESETS["default"]
   problem = training.make_problem(preset, seed, cache_dir)
@@ -107,9 +119,7 @@ def jax_leaves(tree: Any) -> list[Any]:
 
 
 def _mean_std(values: Sequence[float]) -> str:
-  if len(values) < 2:
-    return f"{values[0]:.3f}" if values else "-"
-  return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+  return harness.mean_std(values, ".3f") if values else "-"
 
 
 def report(runs: dict[str, dict[str, Any]]) -> str:
@@ -119,20 +129,16 @@ def report(runs: dict[str, dict[str, Any]]) -> str:
   for r in runs.values():
     cell.setdefault((r["candidate"], r["cluster"]), []).append(r["test_accuracy"])
   ar_ho = cell.get(("ar_sgd", "HO"), [])
-  lines = [
-    "| candidate | HO | HE1 | HO - AR-SGD HO | HE1 - HO | seeds |",
-    "|---|---|---|---|---|---|",
-  ]
+  rows = []
   for name in CANDIDATES:
     ho, he1 = cell.get((name, "HO"), []), cell.get((name, "HE1"), [])
     if not ho and not he1:
       continue
     gap = f"{statistics.mean(ho) - statistics.mean(ar_ho):+.3f}" if ho and ar_ho else "-"
     cost = f"{statistics.mean(he1) - statistics.mean(ho):+.3f}" if ho and he1 else "-"
-    lines.append(
-      f"| {name} | {_mean_std(ho)} | {_mean_std(he1)} | {gap} | {cost} | {len(ho)}/{len(he1)} |"
-    )
-  return "\n".join(lines) + "\n"
+    rows.append([name, _mean_std(ho), _mean_std(he1), gap, cost, f"{len(ho)}/{len(he1)}"])
+  header = ["candidate", "HO", "HE1", "HO - AR-SGD HO", "HE1 - HO", "seeds"]
+  return harness.markdown_table(header, rows) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> str:
@@ -145,25 +151,18 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--report_only", action="store_true")
   args = parser.parse_args(argv)
   args.out.mkdir(parents=True, exist_ok=True)
-  path = args.out / "runs.json"
-  runs: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
+  path = harness.summaries_path(args.out)
+  runs = harness.load_summaries(path)
   if not args.report_only:
-    todo = [
-      (c, k, s)
-      for s in args.seeds
-      for k in args.clusters
-      for c in args.candidates
-      if f"{c}/{k}/{s}" not in runs
-    ]
-    for n, (c, k, s) in enumerate(todo, 1):
-      start = time.perf_counter()
-      runs[f"{c}/{k}/{s}"] = run_one(c, k, s, args.cache_dir)
-      path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
-      acc = runs[f"{c}/{k}/{s}"]["test_accuracy"]
-      print(f"[{n}/{len(todo)}] {c} {k} seed {s}: {acc:.4f} ({time.perf_counter() - start:.0f} s)")
-      sys.stdout.flush()
+    grid = [Run(c, k, s) for s in args.seeds for k in args.clusters for c in args.candidates]
+    harness.run_summaries(
+      grid,
+      lambda run: run_one(run.candidate, run.cluster, run.seed, args.cache_dir),
+      runs,
+      lambda summaries: harness.save_summaries(path, summaries),
+    )
   text = report(runs)
-  (args.out / "recipe.md").write_text(text)
+  harness.write_text(args.out / "recipe.md", text)
   print(text)
   return text
 

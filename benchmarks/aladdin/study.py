@@ -35,8 +35,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Sequence
@@ -47,7 +45,7 @@ import jax
 import numpy as np
 import optax
 
-from benchmarks.aladdin import runs as cells_io
+from benchmarks import harness
 from benchmarks.aladdin.table3 import plot_speedups, table3, table3_markdown
 from benchmarks.aladdin.training import (
   ALGORITHMS,
@@ -232,20 +230,16 @@ def run_one(spec: RunSpec, preset: Preset, cache_dir: Path, *, profile: bool = F
 # ------------------------------------------------------------------------------------------------
 
 
-def _mean_std(values: Sequence[float], fmt: str = "{:.4f}") -> str:
+def _mean_std(values: Sequence[float], fmt: str = ".4f") -> str:
+  """:func:`harness.mean_std` of the values that exist (NaN: none); a time to target that some
+  runs never reached (inf) is this study's ``"never (n/n)"`` or ``"mean (k/n reached)"``."""
   values = [v for v in values if not math.isnan(v)]
-  if not values:
-    return "—"
-  if any(math.isinf(v) for v in values):
-    finite = [v for v in values if math.isfinite(v)]
-    return (
-      f"never ({len(values) - len(finite)}/{len(values)})"
-      if not finite
-      else (f"{fmt.format(statistics.mean(finite))} ({len(finite)}/{len(values)} reached)")
-    )
-  if len(values) == 1:
-    return fmt.format(values[0])
-  return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+  finite = [v for v in values if math.isfinite(v)]
+  if len(finite) == len(values):
+    return harness.mean_std(values, fmt)
+  if not finite:
+    return f"never ({len(values)}/{len(values)})"
+  return f"{statistics.mean(finite):{fmt}} ({len(finite)}/{len(values)} reached)"
 
 
 def _acc_at(run: dict, t: float) -> float:
@@ -316,11 +310,11 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
         lines.append(
           f"| {cluster} | {LABELS[alg]} | "
           f"{_mean_std([r['evals'][-1]['test_accuracy'] for r in rs])} | "
-          f"{_mean_std([r['time'] for r in rs], '{:.0f}')} | "
+          f"{_mean_std([r['time'] for r in rs], '.0f')} | "
           f"{_mean_std([_acc_at(r, budget_t) for r in rs])} (T={budget_t:.0f}) | "
-          f"{_mean_std([_time_to(r, target) for r in rs], '{:.0f}')} | "
-          f"{_mean_std([r['throughput'] for r in rs], '{:.0f}')} | "
-          f"{_mean_std([statistics.mean(r['wait_time']) / r['time'] for r in rs], '{:.2f}')} | "
+          f"{_mean_std([_time_to(r, target) for r in rs], '.0f')} | "
+          f"{_mean_std([r['throughput'] for r in rs], '.0f')} | "
+          f"{_mean_std([statistics.mean(r['wait_time']) / r['time'] for r in rs], '.2f')} | "
           f"{_mean_std([r['evals'][-1].get('local_accuracy', math.nan) for r in rs])} | "
           f"{len(rs)} |"
         )
@@ -432,8 +426,9 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
       "",
     ]
   text = "\n".join(lines)
-  (out / "tables.md").write_text(text)
-  (out / "summary.json").write_text(
+  harness.write_text(out / "tables.md", text)
+  harness.write_text(
+    out / "summary.json",
     json.dumps(
       {
         "preset": dataclasses.asdict(preset),
@@ -443,7 +438,7 @@ def report(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) ->
         "table3": t3,
       },
       indent=1,
-    )
+    ),
   )
   return text
 
@@ -498,7 +493,7 @@ def measure_overhead(out: Path, preset: Preset, cache_dir: Path) -> dict:
     k: result[k]
     for k in ("name", "wall_time", "jax_time", "num_events", "overhead_fraction", "outer_wall_time")
   }
-  (out / "overhead.json").write_text(json.dumps(keep, indent=1))
+  harness.write_text(out / "overhead.json", json.dumps(keep, indent=1))
   return keep
 
 
@@ -516,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> str:
   parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th")
   parser.add_argument("--report_only", action="store_true")
   args = parser.parse_args(argv)
+  shard = harness.parse_shard(args.shard)
   preset = PRESETS["smoke" if args.smoke else "default"]
   out = args.out or (DEFAULT_OUT if not args.smoke else Path("/tmp/aladdin_smoke"))
   out.mkdir(parents=True, exist_ok=True)
@@ -528,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     else:
       t0 = time.perf_counter()
       t3 = table3(8, 4, 20) if args.smoke else table3()
-      t3_path.write_text(json.dumps(t3, indent=1))
+      harness.write_text(t3_path, json.dumps(t3, indent=1))
       print(
         f"Table 3: {len(t3['rows'])} timing-only runs in {time.perf_counter() - t0:.1f} s",
         flush=True,
@@ -537,46 +533,28 @@ def main(argv: Sequence[str] | None = None) -> str:
     t3 = json.loads(t3_path.read_text())
 
   grid = build_grid(preset, args.parts)
-  index, count = (int(v) for v in args.shard.split("/"))
-  mine = grid[index::count]
   # Every run's summary in one file per shard (runs.json without sharding); all are read.
-  path = out / ("runs.json" if count == 1 else f"runs-{index}-of-{count}.json")
-  runs: dict[str, dict] = {}
-  for other in sorted(out.glob("runs*.json")):
-    runs.update(cells_io.load_runs(other))
-  own = cells_io.load_runs(path)
-  trained = skipped = 0
+  path = harness.summaries_path(out, shard)
+  runs = harness.load_summaries(out)
+  own = harness.load_summaries(path)
   if not args.report_only:
-    for k, spec in enumerate(mine):
-      if spec.name in runs:
-        skipped += 1
-        print(f"[{k + 1}/{len(mine)}] {spec.name}: finished earlier, skipped", flush=True)
-        continue
-      t0 = time.perf_counter()
-      result = run_one(spec, preset, args.cache_dir)
-      runs[spec.name] = own[spec.name] = result
-      cells_io.save_runs(path, own)
-      trained += 1
-      print(
-        f"[{k + 1}/{len(mine)}] {spec.name}: acc {result['evals'][-1]['test_accuracy']:.4f}, "
-        f"sim time {result['time']:.0f}, {time.perf_counter() - t0:.1f} s",
-        flush=True,
-      )
-    print(f"Trained {trained}, skipped {skipped}", flush=True)
-    if "overhead" in args.parts and index == 0 and not (out / "overhead.json").exists():
+    trained, _ = harness.run_summaries(
+      grid,
+      lambda spec: run_one(spec, preset, args.cache_dir),
+      own,
+      lambda summaries: harness.save_summaries(path, summaries),
+      finished=runs,
+      shard=shard,
+      describe=lambda r: f"acc {r['evals'][-1]['test_accuracy']:.4f}, sim time {r['time']:.0f}",
+    )
+    runs.update(own)
+    if trained:
+      harness.write_json(out / "machine.json", harness.machine_info())
+    if "overhead" in args.parts and shard[0] == 0 and not (out / "overhead.json").exists():
       o = measure_overhead(out, preset, args.cache_dir)
       print(f"Simulator overhead: {o['overhead_fraction']:.1%} of wall time", flush=True)
 
-  text = report(out, preset, runs, t3)
-  env = {
-    "machine": platform.machine(),
-    "processor": platform.processor(),
-    "cpus": os.cpu_count(),
-    "jax": jax.__version__,
-    "devices": str(jax.devices()),
-  }
-  (out / "machine.json").write_text(json.dumps(env, indent=1))
-  return text
+  return report(out, preset, runs, t3)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from examples import input_pipeline
+from examples import input_pipeline, losses
 from examples.models import CNN1D
 from optax_lena._src.aladdin import cluster as cl
 from optax_lena.aladdin import simulator as sim
@@ -104,17 +103,7 @@ def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:
   key = ("model", preset.width)
   if key not in _TXS:
     model = CNN1D(features=preset.width)
-
-    def loss_fn(params, batch):
-      x, y = batch
-      logits = model.apply({"params": params}, x)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-    def accuracy_fn(params, batch):
-      x, y = batch
-      return jnp.mean(jnp.argmax(model.apply({"params": params}, x), -1) == y)
-
-    _TXS[key] = (model, (loss_fn, accuracy_fn))
+    _TXS[key] = (model, (losses.ClassifierLoss(model), losses.ClassifierAccuracy(model)))
   return _TXS[key]
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ import optax
 
 import optax_lena as ol
 from benchmarks import harness
+from benchmarks import large_batch_grid as grid_lib
 from benchmarks import large_batch_runs as runs_lib
 from examples import lena, optimizers
 
@@ -86,10 +88,8 @@ STUDY_OPTIMIZERS = (
 )
 
 
-def label_of(name: str) -> str:
-  """The table label of an optimizer (this study's, or the registry's)."""
-  own = {e.name: e.label for e in STUDY_OPTIMIZERS}
-  return own[name] if name in own else optimizers.get(name).label
+# The table label of an optimizer (this study's, or the registry's).
+label_of = functools.partial(grid_lib.label_of, study_optimizers=STUDY_OPTIMIZERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,14 +186,9 @@ class RunSpec:
 
   @property
   def name(self) -> str:
-    parts = [self.optimizer, f"s{self.batch_scale}", self.warmup]
-    if self.alpha != 0.05:
-      parts.append(f"a{round(self.alpha * 100)}")
-    if self.grouping != "leaf":
-      parts.append(self.grouping)
-    if self.epochs:
-      parts.append(f"ep{self.epochs}")
-    return "_".join(parts) + f"_seed{self.seed}"
+    options = [f"a{round(self.alpha * 100)}"] if self.alpha != 0.05 else []
+    options += [self.grouping] if self.grouping != "leaf" else []
+    return grid_lib.run_name(self, *options)
 
 
 def build_grid(
@@ -212,7 +207,7 @@ def build_grid(
   seeds = tuple(seeds or p.seeds)
   scales = tuple(scales or p.scales)
   extra_seeds = tuple(s for s in p.extra_seeds if s in seeds) or seeds[:1]
-  grid = [RunSpec("sgd", 1, "none", s) for s in seeds]
+  grid = grid_lib.baselines(RunSpec, seeds)
   grid += [RunSpec(o, sc, w, s) for sc in scales for o, w in PAPER_METHODS for s in seeds]
   grid += [
     RunSpec(o, sc, w, s)
@@ -241,7 +236,7 @@ def build_grid(
       RunSpec("adam_lena", x, "state_aware", s),
       RunSpec("lamb", x, "none", s),
     ]
-  return list(dict.fromkeys(grid))  # dedupe (Table 1 cells reappear in Table 2), keep order
+  return grid_lib.unique(grid)
 
 
 def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> lena.Config:
@@ -252,30 +247,21 @@ def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> lena.Config:
   lr = {"lamb": p.lamb_lr, "adam": p.adam_lr, "adam_lena": p.adam_lr}.get(
     spec.optimizer, p.learning_rate
   )
-  return dataclasses.replace(
-    lena.get_config("default"),
+  return grid_lib.trainer_config(
+    "default",
+    spec,
+    num_samples=p.num_samples,
+    per_worker_batch=p.per_worker_batch,
     cache_dir=cache_dir,
-    mnist1d_num_samples=p.num_samples,
     width=p.width,
-    optimizer=spec.optimizer,
-    warmup=spec.warmup,
     learning_rate=lr,
     warmup_alpha=spec.alpha,
     grouping=spec.grouping,
-    per_worker_batch=p.per_worker_batch,
-    batch_scale=spec.batch_scale,
-    # One device, S micro-batches: the same numbers as S workers (tested in the repo), and
-    # on a 2-core host simulated devices would only add overhead.
-    num_devices=1,
-    micro_batches=0,
     num_epochs=epochs,
-    seed=spec.seed,
     # Large batches make few updates per epoch: evaluate several times an epoch so that
     # "iterations to target" is precise; the baseline once an epoch.
     eval_every=max(1, round(updates_per_epoch / p.evals_per_epoch)) if large else 0,
     log_every=0,
-    checkpoint_every=0,
-    progress_bar=False,
     rng_impl=p.rng_impl,
   )
 
@@ -284,19 +270,8 @@ def train_grid(
   p: Preset, grid: list[RunSpec], out: Path, cache_dir: str, shard: tuple[int, int] = (0, 1)
 ) -> tuple[int, int]:
   """Trains the grid's unfinished runs (this shard's share); returns ``(trained, skipped)``."""
-
-  def train(spec: RunSpec, workdir: Path) -> None:
-    with optimizers.registered(*STUDY_OPTIMIZERS):
-      lena.train_and_evaluate(run_config(p, spec, cache_dir), workdir)
-
-  return harness.run_grid(
-    grid,
-    train,
-    out / "runs",
-    shard=shard,
-    config_of=lambda spec: dataclasses.asdict(run_config(p, spec, cache_dir)),
-    ignore=("progress_bar", "cache_dir"),  # do not change the numbers
-  )
+  config_of = functools.partial(run_config, p, cache_dir=cache_dir)
+  return grid_lib.train_grid(grid, config_of, out, STUDY_OPTIMIZERS, shard)
 
 
 def main(argv: Sequence[str] | None = None) -> str:

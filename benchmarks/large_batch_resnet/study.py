@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -49,6 +50,7 @@ import optax
 
 import optax_lena as ol
 from benchmarks import harness
+from benchmarks import large_batch_grid as grid_lib
 from benchmarks import large_batch_runs as runs_lib
 from examples import lena, optimizers
 
@@ -123,10 +125,8 @@ STUDY_OPTIMIZERS = tuple(
 )
 
 
-def label(opt: str) -> str:
-  """The table label of an optimizer (this study's, or the registry's)."""
-  own = {e.name: e.label for e in STUDY_OPTIMIZERS}
-  return own[opt] if opt in own else optimizers.get(opt).label
+# The table label of an optimizer (this study's, or the registry's).
+label = functools.partial(grid_lib.label_of, study_optimizers=STUDY_OPTIMIZERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +210,7 @@ class RunSpec:
 
   @property
   def name(self) -> str:
-    parts = [self.optimizer, f"s{self.batch_scale}", self.warmup]
-    if self.learning_rate:
-      parts.append(f"lr{self.learning_rate:g}")
-    if self.epochs:
-      parts.append(f"ep{self.epochs}")
-    return "_".join(parts) + f"_seed{self.seed}"
+    return grid_lib.run_name(self, *([f"lr{self.learning_rate:g}"] if self.learning_rate else []))
 
 
 def tuned_rate(sm: runs_lib.Summary, p: Preset, opt: str, s: int, seed: int) -> float:
@@ -245,7 +240,7 @@ def build_grid(
   seeds = tuple(seeds or p.seeds)
   scales = tuple(scales or p.scales)
   first = seeds[0]
-  grid = [RunSpec("sgd", 1, "none", s) for s in seeds]
+  grid = grid_lib.baselines(RunSpec, seeds)
   if "core" in groups:
     abl = [s for s in p.ablation_scales if s in scales] or list(p.ablation_scales)
     for sd in [s for s in p.ablation_seeds if s in seeds]:
@@ -284,7 +279,7 @@ def build_grid(
       for sd in seeds[1:]
       for o, w in LR_CELLS
     ]
-  return list(dict.fromkeys(grid))
+  return grid_lib.unique(grid)
 
 
 def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> lena.Config:
@@ -292,27 +287,20 @@ def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> lena.Config:
   s, epochs = spec.batch_scale, spec.epochs or p.num_epochs
   per_epoch = int(p.num_samples * 0.8) // (s * p.per_worker_batch)  # whole updates per epoch
   total = per_epoch * epochs
-  return dataclasses.replace(
-    lena.get_config("mnist1d_resnet1d"),
-    cache_dir=cache_dir,
-    mnist1d_num_samples=p.num_samples,
-    width=p.width,
+  return grid_lib.trainer_config(
+    "mnist1d_resnet1d",
+    spec,
+    num_samples=p.num_samples,
     per_worker_batch=p.per_worker_batch,
-    batch_scale=s,
-    num_devices=1,
-    micro_batches=0,
+    cache_dir=cache_dir,
+    width=p.width,
     parallel="vmap",
-    optimizer=spec.optimizer,
-    warmup=spec.warmup,
     learning_rate=spec.learning_rate or p.learning_rate,
     weight_decay=p.weight_decay,
     num_epochs=epochs,
     num_steps=total,
-    seed=spec.seed,
     eval_every=max(1, round(per_epoch / p.evals_per_epoch)) if s > 1 else per_epoch,
     log_every=max(1, total // p.ratio_records) if optimizers_with_diagnostics(spec) else 0,
-    checkpoint_every=0,
-    progress_bar=False,
     rng_impl=p.rng_impl,
   )
 
@@ -328,18 +316,8 @@ def train_grid(
 ) -> int:
   """Trains this shard's unfinished runs; returns how many it trained."""
 
-  def train(spec: RunSpec, workdir: Path) -> None:
-    with optimizers.registered(*STUDY_OPTIMIZERS):
-      lena.train_and_evaluate(run_config(p, spec, cache_dir), workdir)
-
-  trained, _ = harness.run_grid(
-    grid,
-    train,
-    out / "runs",
-    shard=shard,
-    config_of=lambda spec: dataclasses.asdict(run_config(p, spec, cache_dir)),
-    ignore=("progress_bar", "cache_dir"),
-  )
+  config_of = functools.partial(run_config, p, cache_dir=cache_dir)
+  trained, _ = grid_lib.train_grid(grid, config_of, out, STUDY_OPTIMIZERS, shard)
   return trained
 
 

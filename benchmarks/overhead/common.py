@@ -97,6 +97,14 @@ class Stepper:
     jax.block_until_ready(self.carry)
 
 
+def update_stepper(
+  fn: Callable[..., Any], tx: optax.GradientTransformation, params: PyTree, consts: tuple
+) -> Stepper:
+  """``fn(params, opt_state, *consts)`` jitted with its carry donated, from ``params`` and a
+  fresh state of ``tx``: the runner of the update-only sections."""
+  return Stepper(jax.jit(fn, donate_argnums=(0, 1)), (params, fresh(tx.init(params))), consts)
+
+
 def time_interleaved(
   runners: Mapping[str, Callable[[], None]],
   repeats: int,
@@ -171,3 +179,18 @@ def log_rows(rows: list[Row]) -> None:
       f"    {r.candidate:>34} / {r.baseline:<28} {r.ratio:6.3f}x  "
       f"({r.candidate_ms:8.2f} ms vs {r.baseline_ms:8.2f} ms){verdict}"
     )
+
+
+def timed_rows(
+  section: str,
+  tree: str,
+  runners: Mapping[str, Stepper],
+  repeats: int,
+  baseline: str,
+  targets: Mapping[str, str] | None = None,
+) -> list[Row]:
+  """Times ``runners`` side by side (:func:`time_interleaved`) and logs and returns their rows
+  against ``baseline`` (:func:`rows_from_times`)."""
+  rows = rows_from_times(section, tree, time_interleaved(runners, repeats), baseline, targets)
+  log_rows(rows)
+  return rows

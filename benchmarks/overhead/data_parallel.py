@@ -27,6 +27,7 @@ from benchmarks.overhead.common import (
   time_interleaved,
 )
 from benchmarks.overhead.trees import materialize, tree_info
+from examples import losses
 
 PyTree = Any
 
@@ -196,7 +197,7 @@ def bench_train_step(
           )
         else:
           logits, new_extra = model.apply({"params": p}, x, train=True), {}
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        loss = losses.cross_entropy(logits, y)
         return loss, new_extra
 
       (_, new_extra), local_grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

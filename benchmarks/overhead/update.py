@@ -14,12 +14,10 @@ from benchmarks.overhead.common import (
   Row,
   Stepper,
   apply_update,
-  fresh,
   log,
-  log_rows,
   optimizers,
-  rows_from_times,
-  time_interleaved,
+  timed_rows,
+  update_stepper,
 )
 from benchmarks.overhead.trees import grad_stats_for, materialize, tree_info
 
@@ -47,19 +45,10 @@ def bench_update_only(
     def step(params, opt_state, grads, stats, tx=tx, uses_stats=uses_stats):
       return apply_update(tx, uses_stats, grads, opt_state, params, stats)
 
-    params = materialize(shapes, seed=0)
-    runners[name] = Stepper(
-      jax.jit(step, donate_argnums=(0, 1)), (params, fresh(tx.init(params))), (grads, stats)
-    )
-  rows = rows_from_times(
-    "a. update only",
-    tree_name,
-    time_interleaved(runners, repeats),
-    "sgd_momentum",
-    {"lena": "update_only"},
+    runners[name] = update_stepper(step, tx, materialize(shapes, seed=0), (grads, stats))
+  return timed_rows(
+    "a. update only", tree_name, runners, repeats, "sgd_momentum", {"lena": "update_only"}
   )
-  log_rows(rows)
-  return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,19 +70,11 @@ def bench_stacked(
     mean, stats = ol.stacked_grad_stats(stacked)
     return apply_update(opts["lena"][0], True, mean, opt_state, params, stats)
 
-  runners = {}
+  runners: dict[str, Stepper] = {}
   for name, fn in (("mean+sgd_momentum", baseline), ("stacked_grad_stats+lena", lena)):
     tx = opts["sgd_momentum" if name.endswith("momentum") else "lena"][0]
-    params = materialize(shapes, seed=0)
-    runners[name] = Stepper(
-      jax.jit(fn, donate_argnums=(0, 1)), (params, fresh(tx.init(params))), (stacked,)
-    )
-  rows = rows_from_times(
-    "b. stacked stats + update",
-    tree_name,
-    time_interleaved(runners, repeats),
-    "mean+sgd_momentum",
-    {"stacked_grad_stats+lena": "stacked"},
+    runners[name] = update_stepper(fn, tx, materialize(shapes, seed=0), (stacked,))
+  targets = {"stacked_grad_stats+lena": "stacked"}
+  return timed_rows(
+    "b. stacked stats + update", tree_name, runners, repeats, "mean+sgd_momentum", targets
   )
-  log_rows(rows)
-  return rows

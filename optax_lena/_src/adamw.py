@@ -33,6 +33,7 @@ from optax_lena._src import alias, gain_ratio
 from optax_lena._src import grouping as grouping_lib
 
 
+@alias.shared_args
 def large_batch_adamw(
   learning_rate: optax.ScalarOrSchedule,
   rule: gain_ratio.GainRatioRule,
@@ -52,12 +53,9 @@ def large_batch_adamw(
   Args:
     learning_rate: eta0, AdamW's rate at the reference batch (float or Optax schedule).
     rule: the gain-ratio rule, e.g. ``ol.lena_rule(power=0.5)``.
-    b1: Adam's first-moment decay.
-    b2: Adam's second-moment decay.
-    adam_eps: Adam's eps (added to the root of the second moment).
+    {adam}
     weight_decay: lambda, decoupled (AdamW) and multiplied by the layer's rate.
-    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
-      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
+    {weight_decay_mask}
     warmup_threshold: theta of the state-aware warm-up in single-worker iterations, or None.
     warmup_steps: W of the fixed warm-up in base steps, or 0.
     clock: ``"updates"`` or ``"samples"`` for the schedule.
@@ -86,6 +84,7 @@ def large_batch_adamw(
   )
 
 
+@alias.shared_args
 def lena_adamw(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -116,25 +115,17 @@ def lena_adamw(
 
   Args:
     learning_rate: eta0 (float or schedule), tuned at the reference batch.
-    b1: Adam's first-moment decay.
-    b2: Adam's second-moment decay.
-    adam_eps: Adam's eps.
+    {adam}
     weight_decay: lambda, decoupled, multiplied by the layer's rate.
-    weight_decay_mask: which leaves get weight decay (pytree of bools or callable).
-    power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for
-      Adam, 1 the linear rule.
-    per_worker_batch_size: b, the batch of each per-worker gradient (with
-      ``reference_batch_size``).
-    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the
-      per-worker batch: the scale becomes ``k = S b / b0``.
+    {weight_decay_mask}
+    {power_adamw}
+    {reference_batch}
     warmup_threshold: theta of the state-aware warm-up (single-worker iterations), or None.
     eps: stabiliser of the gain ratio (not Adam's: that is ``adam_eps``).
     beta: moving-average weight of the statistics; None means ``min(S / 1000, 1)``.
     grouping: which leaves share a ratio (see :func:`optax_lena.lena`).
     warmup_steps: a fixed warm-up of W base steps instead.
-    clock: ``"updates"`` or ``"samples"``.
-    num_samples: the S the statistics must have, or None.
-    warmup_progress: the state-aware warm-up's progress rule.
+    {adamw_clock}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -143,30 +134,10 @@ def lena_adamw(
     Ko, Lee and Kim, WWW 2022 (the per-layer ratio and warm-up); Malladi et al., NeurIPS 2022
     (the square-root rule for adaptive optimizers).
   """
-  rule = gain_ratio.lena_rule(
-    beta=beta,
-    eps=eps,
-    grouping=grouping,
-    num_samples=num_samples,
-    power=power,
-    per_worker_batch_size=per_worker_batch_size,
-    reference_batch_size=reference_batch_size,
-  )
-  return large_batch_adamw(
-    learning_rate,
-    rule,
-    b1=b1,
-    b2=b2,
-    adam_eps=adam_eps,
-    weight_decay=weight_decay,
-    weight_decay_mask=weight_decay_mask,
-    warmup_threshold=warmup_threshold,
-    warmup_steps=warmup_steps,
-    clock=clock,
-    warmup_progress=warmup_progress,
-  )
+  return alias.with_rule(gain_ratio.lena_rule, large_batch_adamw, locals())
 
 
+@alias.shared_args
 def adascale_adamw(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -190,24 +161,16 @@ def adascale_adamw(
 
   Args:
     learning_rate: eta0 (float or schedule), tuned at the reference batch.
-    b1: Adam's first-moment decay.
-    b2: Adam's second-moment decay.
-    adam_eps: Adam's eps.
+    {adam}
     weight_decay: lambda, decoupled, multiplied by the rate.
-    weight_decay_mask: which leaves get weight decay (pytree of bools or callable).
-    power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for
-      Adam, 1 the linear rule.
-    per_worker_batch_size: b, the batch of each per-worker gradient (with
-      ``reference_batch_size``).
-    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the
-      per-worker batch: the scale becomes ``k = S b / b0``.
+    {weight_decay_mask}
+    {power_adamw}
+    {reference_batch}
     warmup_threshold: theta of the state-aware warm-up advancing by R, or None.
     eps: stabiliser of the gain ratio.
     beta: moving-average weight; None means ``min(S / 1000, 1)``.
     warmup_steps: a fixed warm-up of W base steps instead.
-    clock: ``"updates"`` or ``"samples"``.
-    num_samples: the S the statistics must have, or None.
-    warmup_progress: the state-aware warm-up's progress rule.
+    {adamw_clock}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -215,29 +178,10 @@ def adascale_adamw(
   References:
     Johnson et al., "AdaScale SGD", ICML 2020; Malladi et al., NeurIPS 2022.
   """
-  rule = gain_ratio.adascale_rule(
-    beta=beta,
-    eps=eps,
-    num_samples=num_samples,
-    power=power,
-    per_worker_batch_size=per_worker_batch_size,
-    reference_batch_size=reference_batch_size,
-  )
-  return large_batch_adamw(
-    learning_rate,
-    rule,
-    b1=b1,
-    b2=b2,
-    adam_eps=adam_eps,
-    weight_decay=weight_decay,
-    weight_decay_mask=weight_decay_mask,
-    warmup_threshold=warmup_threshold,
-    warmup_steps=warmup_steps,
-    clock=clock,
-    warmup_progress=warmup_progress,
-  )
+  return alias.with_rule(gain_ratio.adascale_rule, large_batch_adamw, locals())
 
 
+@alias.shared_args
 def linear_scaling_adamw(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -259,22 +203,14 @@ def linear_scaling_adamw(
 
   Args:
     learning_rate: eta0 (float or schedule), tuned at the reference batch.
-    b1: Adam's first-moment decay.
-    b2: Adam's second-moment decay.
-    adam_eps: Adam's eps.
+    {adam}
     weight_decay: lambda, decoupled, multiplied by the rate.
-    weight_decay_mask: which leaves get weight decay (pytree of bools or callable).
-    power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for
-      Adam, 1 the linear rule.
-    per_worker_batch_size: b, the batch of each per-worker gradient (with
-      ``reference_batch_size``).
-    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the
-      per-worker batch: the scale becomes ``k = S b / b0``.
+    {weight_decay_mask}
+    {power_adamw}
+    {reference_batch}
     warmup_steps: W of the fixed linear warm-up in base steps.
     warmup_threshold: a state-aware warm-up instead (progress advances by S each update).
-    clock: ``"updates"`` or ``"samples"``.
-    num_samples: the S the statistics must have, or None.
-    warmup_progress: the state-aware warm-up's progress rule.
+    {adamw_clock}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -283,22 +219,4 @@ def linear_scaling_adamw(
     Malladi et al., NeurIPS 2022; You et al., "Large-Batch Training for LSTM and Beyond"
     (LEGW), SC 2019.
   """
-  rule = gain_ratio.linear_scaling_rule(
-    num_samples=num_samples,
-    power=power,
-    per_worker_batch_size=per_worker_batch_size,
-    reference_batch_size=reference_batch_size,
-  )
-  return large_batch_adamw(
-    learning_rate,
-    rule,
-    b1=b1,
-    b2=b2,
-    adam_eps=adam_eps,
-    weight_decay=weight_decay,
-    weight_decay_mask=weight_decay_mask,
-    warmup_threshold=warmup_threshold,
-    warmup_steps=warmup_steps,
-    clock=clock,
-    warmup_progress=warmup_progress,
-  )
+  return alias.with_rule(gain_ratio.linear_scaling_rule, large_batch_adamw, locals())

@@ -10,8 +10,11 @@ steps), which gives the paper's 3x3 ablation (Table 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+import re
+import textwrap
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import jax
 import optax
@@ -163,6 +166,90 @@ def is_zero(x: Any) -> bool:
   return isinstance(x, (int, float)) and x == 0
 
 
+# The options of an alias that configure its rule (the others configure the optimizer around it).
+RULE_OPTIONS = frozenset(f.name for f in dataclasses.fields(gain_ratio.GainRatioRule)) - {
+  "adaptive"
+}
+
+
+def with_rule(
+  make_rule: Callable[..., gain_ratio.GainRatioRule],
+  make_optimizer: Callable[..., optax.GradientTransformationExtraArgs],
+  options: Mapping[str, Any],
+) -> optax.GradientTransformationExtraArgs:
+  """``make_optimizer(learning_rate, make_rule(**rule options), **other options)``.
+
+  How every alias turns its arguments (``options``: its ``locals()`` on entry) into a rule and an
+  optimizer, in one place: an option reaches the rule when it is a field of
+  :class:`GainRatioRule`, the optimizer otherwise, so no alias can drop one (an option neither
+  takes is a ``TypeError`` at construction).
+  """
+  rest = dict(options)
+  learning_rate = rest.pop("learning_rate")
+  rule = make_rule(**{k: rest.pop(k) for k in sorted(RULE_OPTIONS & rest.keys())})
+  return make_optimizer(learning_rate, rule, **rest)
+
+
+# Args entries that read the same in several aliases, written once: a docstring line ``{key}``
+# (alone, indented like the entries) becomes these entries (see ``shared_args``).
+SHARED_ARGS: dict[str, tuple[str, ...]] = {
+  "weight_decay_mask": (
+    "weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a "
+    "callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).",
+  ),
+  "power": (
+    "power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see "
+    ":class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.",
+  ),
+  "power_adamw": (
+    "power: p, the rate multiplier is ``r ** p``; 0.5 (the default) is the square-root rule for "
+    "Adam, 1 the linear rule.",
+  ),
+  "reference_batch": (
+    "per_worker_batch_size: b, the batch of each per-worker gradient (with "
+    "``reference_batch_size``).",
+    "reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not the "
+    "per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear scaling's "
+    "factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and "
+    "``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.",
+  ),
+  "global_warmup_progress": (
+    "warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of "
+    ":func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the fixed "
+    "warm-up of ``warmup_threshold`` base steps.",
+  ),
+  "adam": (
+    "b1: Adam's first-moment decay.",
+    "b2: Adam's second-moment decay.",
+    "adam_eps: Adam's eps (added to the root of the second moment).",
+  ),
+  "adamw_clock": (
+    'clock: ``"updates"`` or ``"samples"``.',
+    "num_samples: the S the statistics must have, or None.",
+    "warmup_progress: the state-aware warm-up's progress rule.",
+  ),
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def shared_args(fn: F) -> F:
+  """Fills the ``{key}`` lines of ``fn``'s docstring with ``SHARED_ARGS[key]``, indented and
+  wrapped like the entries around them (``help(fn)`` shows every argument)."""
+
+  def entries(match: re.Match[str]) -> str:
+    indent = match.group(1)
+    return "\n".join(
+      textwrap.fill(text, 100, initial_indent=indent, subsequent_indent=indent + "  ")
+      for text in SHARED_ARGS[match.group(2)]
+    )
+
+  assert fn.__doc__ is not None
+  fn.__doc__ = re.sub(r"^( *)\{(\w+)\}$", entries, fn.__doc__, flags=re.MULTILINE)
+  return fn
+
+
+@shared_args
 def lena(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -194,8 +281,7 @@ def lena(
     learning_rate: eta0, the rate of one worker at the per-worker batch size (float or schedule).
     momentum: mu.
     weight_decay: lambda, coupled and therefore scaled by the layer's rate.
-    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
-      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
+    {weight_decay_mask}
     warmup_threshold: theta in single-worker iterations (``alpha * T1``); None disables it.
     eps: stabiliser of the ratio (1e-6); 0 makes the ratio exactly scale invariant.
     beta: moving-average weight of new statistics; None means ``min(S / 1000, 1)``.
@@ -212,14 +298,8 @@ def lena(
     warmup_progress: how a layer's warm-up progress advances: ``"ratio"`` (the paper, the
       default), or ``"relative_to_max"`` / ``"relative_to_mean"``, whose warm-up length does not
       grow with S / r (see :func:`optax_lena.layerwise_warmup`).
-    power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see
-      :class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.
-    per_worker_batch_size: b, the batch of each per-worker gradient (with
-      ``reference_batch_size``).
-    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not
-      the per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear
-      scaling's factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and
-      ``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.
+    {power}
+    {reference_batch}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,
@@ -229,29 +309,10 @@ def lena(
     Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
     Large-Scale DNN Training", WWW 2022.
   """
-  rule = gain_ratio.lena_rule(
-    beta=beta,
-    eps=eps,
-    grouping=grouping,
-    num_samples=num_samples,
-    power=power,
-    per_worker_batch_size=per_worker_batch_size,
-    reference_batch_size=reference_batch_size,
-  )
-  return large_batch_sgd(
-    learning_rate,
-    rule,
-    momentum=momentum,
-    nesterov=nesterov,
-    weight_decay=weight_decay,
-    weight_decay_mask=weight_decay_mask,
-    warmup_threshold=warmup_threshold,
-    warmup_steps=warmup_steps,
-    clock=clock,
-    warmup_progress=warmup_progress,
-  )
+  return with_rule(gain_ratio.lena_rule, large_batch_sgd, locals())
 
 
+@shared_args
 def adascale(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -276,8 +337,7 @@ def adascale(
     learning_rate: eta0 (float or schedule).
     momentum: mu.
     weight_decay: lambda (coupled).
-    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
-      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
+    {weight_decay_mask}
     warmup_threshold: state-aware warm-up advancing by the global ratio R, or None (the
       paper's AdaScale default).
     eps: stabiliser of the ratio.
@@ -286,17 +346,9 @@ def adascale(
     nesterov: Nesterov momentum.
     clock: ``"updates"`` or ``"samples"``.
     num_samples: expected S, or None.
-    warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
-      :func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the
-      fixed warm-up of ``warmup_threshold`` base steps.
-    power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see
-      :class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.
-    per_worker_batch_size: b, the batch of each per-worker gradient (with
-      ``reference_batch_size``).
-    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not
-      the per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear
-      scaling's factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and
-      ``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.
+    {global_warmup_progress}
+    {power}
+    {reference_batch}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -305,28 +357,10 @@ def adascale(
     Johnson et al., "AdaScale SGD: A User-Friendly Algorithm for Distributed Training",
     ICML 2020.
   """
-  rule = gain_ratio.adascale_rule(
-    beta=beta,
-    eps=eps,
-    num_samples=num_samples,
-    power=power,
-    per_worker_batch_size=per_worker_batch_size,
-    reference_batch_size=reference_batch_size,
-  )
-  return large_batch_sgd(
-    learning_rate,
-    rule,
-    momentum=momentum,
-    nesterov=nesterov,
-    weight_decay=weight_decay,
-    weight_decay_mask=weight_decay_mask,
-    warmup_threshold=warmup_threshold,
-    warmup_steps=warmup_steps,
-    clock=clock,
-    warmup_progress=warmup_progress,
-  )
+  return with_rule(gain_ratio.adascale_rule, large_batch_sgd, locals())
 
 
+@shared_args
 def linear_scaling(
   learning_rate: optax.ScalarOrSchedule,
   *,
@@ -349,24 +383,15 @@ def linear_scaling(
     learning_rate: eta0 (float or schedule).
     momentum: mu.
     weight_decay: lambda (coupled).
-    weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a
-      callable ``params -> pytree of bools``, as ``optax.adamw(mask=)``).
+    {weight_decay_mask}
     warmup_steps: W of the fixed linear warm-up in base steps (the paper: 5.5% of training).
     warmup_threshold: a state-aware warm-up instead (progress advances by S each update).
     nesterov: Nesterov momentum.
     clock: ``"updates"`` or ``"samples"``.
     num_samples: expected S, or None.
-    warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
-      :func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the
-      fixed warm-up of ``warmup_threshold`` base steps.
-    power: p, each layer's rate is multiplied by ``r ** p`` instead of r (see
-      :class:`optax_lena.GainRatioRule`); the warm-up still counts single-worker iterations.
-    per_worker_batch_size: b, the batch of each per-worker gradient (with
-      ``reference_batch_size``).
-    reference_batch_size: b0, the batch at which ``learning_rate`` was tuned, when it is not
-      the per-worker batch: the scale becomes ``k = S b / b0`` (the ratio's cap, linear
-      scaling's factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and
-      ``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.
+    {global_warmup_progress}
+    {power}
+    {reference_batch}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -376,21 +401,4 @@ def linear_scaling(
     ``power=0.5`` is the square-root rule (Krizhevsky, "One weird trick for parallelizing
     convolutional neural networks", 2014; for adaptive optimizers Malladi et al., NeurIPS 2022).
   """
-  rule = gain_ratio.linear_scaling_rule(
-    num_samples=num_samples,
-    power=power,
-    per_worker_batch_size=per_worker_batch_size,
-    reference_batch_size=reference_batch_size,
-  )
-  return large_batch_sgd(
-    learning_rate,
-    rule,
-    momentum=momentum,
-    nesterov=nesterov,
-    weight_decay=weight_decay,
-    weight_decay_mask=weight_decay_mask,
-    warmup_threshold=warmup_threshold,
-    warmup_steps=warmup_steps,
-    clock=clock,
-    warmup_progress=warmup_progress,
-  )
+  return with_rule(gain_ratio.linear_scaling_rule, large_batch_sgd, locals())

@@ -41,7 +41,7 @@ def test_smoke_study_writes_tables_plot_and_resumes(
 ) -> None:
   argv = ["--smoke", "--out", str(tmp_path), "--cache_dir", str(tmp_path / "cache")]
   text = equal_tuning.main([*argv, "--max_cells", "1"])
-  assert "0 of 1 cells finished earlier" in capsys.readouterr().out
+  assert "Trained 1, skipped 0" in capsys.readouterr().out
   assert "| HE1 | ALADDIN | 0." in text and "1 of 18 cells finished" in text
   assert (tmp_path / "tables.md").read_text() == text
   png = tmp_path / "accuracy_vs_time.png"
@@ -49,9 +49,10 @@ def test_smoke_study_writes_tables_plot_and_resumes(
   runs = json.loads((tmp_path / "runs.json").read_text())
   assert list(runs) == ["equal/aladdin/HE1/1ep/lr0.05/seed0"]
   equal_tuning.main([*argv, "--report_only"])
-  assert "running" not in capsys.readouterr().out
+  assert "Trained" not in capsys.readouterr().out
   text = equal_tuning.main([*argv, "--max_cells", "1"])  # resumes with the next cell only
-  assert "[1/1] equal/ar_sgd/HE1" in capsys.readouterr().out
+  resumed = capsys.readouterr().out
+  assert "[2/18] equal/ar_sgd/HE1" in resumed and "Trained 1, skipped 1" in resumed
   assert (
     "| HE1 | AR-SGD | 0." in text and len(json.loads((tmp_path / "runs.json").read_text())) == 2
   )

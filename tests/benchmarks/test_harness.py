@@ -96,6 +96,39 @@ def test_run_grid_trains_the_unfinished_runs_of_its_shard_and_resumes(
     harness.run_grid(changed, train, tmp_path, config_of=lambda r: {"setting": r.setting})
 
 
+def test_run_summaries_resumes_from_every_shards_file_and_stops_at_the_limit(
+  tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+  runs = [_Run(f"run{i}") for i in range(5)]
+  ran: list[str] = []
+
+  def summarise(run: _Run) -> dict:
+    ran.append(run.name)
+    return {"test_accuracy": 0.25}
+
+  def shard_store(shard: tuple[int, int]) -> tuple[dict, object]:
+    path = harness.summaries_path(tmp_path, shard)
+    return harness.load_summaries(path), lambda s: harness.save_summaries(path, s)
+
+  for shard in ((0, 2), (1, 2)):
+    store, save = shard_store(shard)
+    assert harness.run_summaries(runs, summarise, store, save, shard=shard, limit=2) == (2, 0)
+  assert ran == ["run0", "run2", "run1", "run3"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["runs-0-of-2.json", "runs-1-of-2.json"]
+  assert "[1/3] run0: acc 0.2500" in capsys.readouterr().out
+  everything = harness.load_summaries(tmp_path)
+  assert sorted(everything) == ["run0", "run1", "run2", "run3"]
+
+  # One process resumes the grid: the shards' runs are finished, only run4 runs.
+  store, save = shard_store((0, 1))
+  assert harness.run_summaries(runs, summarise, store, save, finished=everything) == (1, 4)
+  assert ran[4:] == ["run4"] and list(harness.load_summaries(tmp_path / "runs.json")) == ["run4"]
+  assert capsys.readouterr().out.count("finished earlier, skipped") == 4
+  before = (tmp_path / "runs.json").read_bytes()
+  harness.save_summaries(tmp_path / "runs.json", dict(reversed(list(store.items()))))
+  assert (tmp_path / "runs.json").read_bytes() == before  # sorted: the same bytes
+
+
 def test_runs_archive_is_reproducible_and_unpacks_only_into_a_fresh_directory(
   tmp_path: Path,
 ) -> None:
