@@ -75,13 +75,15 @@ def write_report(out: Path) -> None:
       rows.append(row)
     return rows
 
+  lamb_swept = _swept_rates(runs, "lamb")
+
   def acc_cell(group, s):
     accs = final_accuracies(group)
-    rate = (
-      f" @ {group[0]['config']['learning_rate']:g}"
-      if group[0]["config"]["method"] == "lamb"
-      else ""
-    )
+    rate = ""
+    if group[0]["config"]["method"] == "lamb":
+      lr = group[0]["config"]["learning_rate"]
+      edge = lr in (min(lamb_swept[s]), max(lamb_swept[s])) and len(lamb_swept[s]) > 1
+      rate = f" @ {lr:g}" + (" (edge of the sweep)" if edge else "")
     return f"{harness.mean_std(accs)} ({len(accs)}){rate}"
 
   def target_cell(target):
@@ -143,6 +145,16 @@ def _sweep_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
   return [[label, s, f"{lr:g}", f"{acc:.4f}"] for label, s, lr, acc in sorted(rows)]
 
 
+def _swept_rates(runs: list[dict[str, Any]], method: str) -> dict[int, set[float]]:
+  """S -> the rates of ``method``'s finished seed-0 sweep runs."""
+  rates: dict[int, set[float]] = defaultdict(set)
+  for run in runs:
+    c = run["config"]
+    if c["method"] == method and c.get("sweep") and c["seed"] == 0:
+      rates[c["num_workers"]].add(c["learning_rate"])
+  return rates
+
+
 def _with_fractions(targets: list[float]) -> list[tuple[float, float]]:
   """(fraction, target) pairs; none while no baseline run has finished."""
   return list(zip(TARGET_FRACTIONS, targets, strict=True)) if targets else []
@@ -156,6 +168,7 @@ def _plots(out, cells, scales, methods, base_acc, targets) -> None:
       if (m, s) in cells and s > 8
     ]
     for m in methods
+    if any((m, s) in cells for s in scales if s > 8)  # not the baseline alone
   }
   baseline = (base_acc, "AdamW at S = 8") if base_acc is not None else None
   epochs = next(iter(cells.values()))[0]["config"]["epochs"] if cells else 0
