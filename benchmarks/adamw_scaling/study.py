@@ -12,8 +12,9 @@ are skipped; ``--shard I/N`` lets N processes share a phase):
   python -m benchmarks.adamw_scaling.study --phase grid --seeds 0 1 2 --shard 0/2   # and 1/2
   python -m benchmarks.adamw_scaling.study --report_only             # tables and plots
 
-LAMB's rate is swept at every S with seed 0 (``lamb_rates``); its other seeds use that S's best
-rate, so they join the grid once that sweep has finished (run the grid again). The raw
+LAMB's rate is swept at every S with seed 0 (``lamb_rates``); its other seeds run that S's best
+rate and its two neighbours (so every seed shows whether that rate is its best too), and join
+the grid once seed 0's sweep has finished (run the grid again). The raw
 runs are packed into ``results/runs.tar.xz`` (unpacked again when ``runs/`` is absent).
 """
 
@@ -58,6 +59,12 @@ def lamb_rates(num_workers: int) -> tuple[float, ...]:
   return LAMB_RATES + (LAMB_LARGE_BATCH_RATES if large else ())
 
 
+def neighbours(rates: Sequence[float], rate: float) -> tuple[float, ...]:
+  """``rate`` and the rates either side of it in ``rates``."""
+  i = list(rates).index(rate)
+  return tuple(rates[max(i - 1, 0) : i + 2])
+
+
 def best_rate(runs: Sequence[Any], runs_dir: Path) -> float | None:
   """The rate of the most accurate finished run (None until all have finished)."""
   scored = [(final_accuracy(runs_dir / r.name), r.learning_rate) for r in runs]
@@ -88,8 +95,11 @@ def grid_runs(
             runs += sweep
             continue
           lamb_rate = best_rate(sweep, runs_dir)
-          if lamb_rate is not None:
-            runs.append(Run("lamb", s, seed, lamb_rate, epochs, num_samples, sweep=True))
+          if lamb_rate is not None:  # that rate and its neighbours: is it the best on this seed?
+            runs += [
+              Run("lamb", s, seed, lr, epochs, num_samples, sweep=True)
+              for lr in neighbours(lamb_rates(s), lamb_rate)
+            ]
         elif s == 8 and method != SWEEP_METHOD:
           continue  # scale 1: every optax_lena rule is the same AdamW as the baseline
         elif s == 8 and seed == 0:

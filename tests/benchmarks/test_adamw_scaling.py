@@ -64,7 +64,8 @@ def test_grid_uses_the_best_swept_rates(tmp_path):
   for run, acc in zip(study.LAMB_RATES, [0.2, 0.1, 0.3, 0.25, 0.15], strict=True):
     _fake_finished(runs_dir, train.Run("lamb", 32, 0, run, 2, 1000, sweep=True), acc)
   grid = study.grid_runs(runs_dir, [1], [32], 2, 1000)
-  assert [r.learning_rate for r in grid if r.method == "lamb"] == [study.LAMB_RATES[2]]
+  assert [r.learning_rate for r in grid if r.method == "lamb"] == list(study.LAMB_RATES[1:4])
+  assert study.neighbours(study.LAMB_RATES, study.LAMB_RATES[0]) == study.LAMB_RATES[:2]
   # At S >= 128 the sweep goes beyond LAMB_RATES (seed 0's best was their largest there).
   large = [
     r.learning_rate for r in study.grid_runs(runs_dir, [0], [128], 2, 1000) if r.method == "lamb"
