@@ -41,12 +41,19 @@ class Hyperparams:
   """What an optimizer builder needs to know about the run.
 
   The rate is the paper's exponential decay ``eta0 * lr_decay ** progress`` (``lr_decay=None``:
-  the constant ``eta0``). Warm-up lengths are fractions of T1 = ``total_steps x num_samples``,
-  the single-worker iterations of the same epoch budget: theta = ``warmup_alpha x T1`` for the
-  state-aware warm-up, W = ``warmup_fraction x T1`` base steps for the fixed one.
+  the constant ``eta0``). Warm-up lengths are fractions of T1 = ``total_steps x k``, the
+  reference-batch iterations of the same epoch budget (k = S, single-worker iterations, unless
+  a reference batch is given): theta = ``warmup_alpha x T1`` for the state-aware warm-up, W =
+  ``warmup_fraction x T1`` base steps for the fixed one.
+
+  ``reference_batch_size`` (b0, with ``per_worker_batch_size`` b) is the batch at which
+  ``learning_rate`` was tuned, when it is not the per-worker batch: an update of S per-worker
+  gradients then holds k = S b / b0 reference batches (:attr:`scale`), which the entries whose
+  ``takes_reference_batch`` is set pass on to ``optax_lena`` (the ratio's cap, LSW's factor,
+  the sample clock and the warm-ups count k).
   """
 
-  learning_rate: float  # eta0, the rate of one worker at the per-worker batch
+  learning_rate: float  # eta0, the rate at the reference batch (the per-worker batch by default)
   num_samples: int = 1  # S, per-worker gradients per update
   total_steps: int = 1  # updates of the run
   momentum: float = 0.9
@@ -56,14 +63,36 @@ class Hyperparams:
   warmup_alpha: float = 0.05
   warmup_fraction: float = 0.055
   grouping: str = "leaf"  # LENA's ratios per 'leaf' (the paper) or per 'module'
+  per_worker_batch_size: int | None = None  # b, examples per per-worker gradient
+  reference_batch_size: int | None = None  # b0 (None: the rate was tuned at the per-worker batch)
+
+  @property
+  def scale(self) -> int:
+    """k = S b / b0, reference batches per update (S without a reference batch).
+
+    Raises:
+      ValueError: only one of the batch sizes given, or S b not a multiple of b0 (the message
+        names the nearest divisor); ``optax_lena``'s own check, run here at construction.
+    """
+    return ol.linear_scaling_rule(**self.batch_kwargs()).scale(self.num_samples)
 
   @property
   def base_steps_total(self) -> int:
-    """T1: the single-worker iterations of the run (updates x S)."""
-    return self.total_steps * self.num_samples
+    """T1: the reference-batch iterations of the run (updates x k; k = S by default)."""
+    return self.total_steps * self.scale
+
+  def batch_kwargs(self) -> dict[str, int | None]:
+    """``per_worker_batch_size=`` and ``reference_batch_size=`` for ``optax_lena`` (empty
+    without a reference batch, so the default builds exactly what it built before)."""
+    if self.reference_batch_size is None:
+      return {}
+    return {
+      "per_worker_batch_size": self.per_worker_batch_size,
+      "reference_batch_size": self.reference_batch_size,
+    }
 
   def sample_schedule(self) -> optax.ScalarOrSchedule:
-    """The rate as a function of base steps t * S (use with ``clock='samples'``), so the same
+    """The rate as a function of base steps t * k (use with ``clock='samples'``), so the same
     function of samples seen at every batch size."""
     eta0, decay, t1 = self.learning_rate, self.lr_decay, self.base_steps_total
     if decay is None:
@@ -108,6 +137,8 @@ class Optimizer:
     diagnostics: its state carries LENA/AdaScale statistics, so the trainer logs
       ``ol.diagnostics`` (per-layer rate multipliers, gain ratios, warm-up ends).
     warmups: the warm-ups ``build`` implements (``state_aware`` needs gradient statistics).
+    takes_reference_batch: ``build`` honours ``Hyperparams.reference_batch_size`` (the
+      others refuse one: their rate does not scale with the batch).
   """
 
   name: str
@@ -116,6 +147,7 @@ class Optimizer:
   paper_warmup: str = "none"
   diagnostics: bool = False
   warmups: tuple[str, ...] = ("none", "fixed")
+  takes_reference_batch: bool = False
 
 
 _REGISTRY: dict[str, Optimizer] = {}
@@ -173,7 +205,8 @@ def build(name: str, hp: Hyperparams) -> optax.GradientTransformationExtraArgs:
     A transformation whose update accepts (and forwards to those that take it) ``grad_stats=``.
 
   Raises:
-    ValueError: unknown name or unsupported warm-up (the message says what to use instead).
+    ValueError: unknown name, unsupported warm-up or reference batch, or a reference batch that
+      does not divide the global batch (the message says what to use instead).
   """
   entry = get(name)
   if hp.warmup not in entry.warmups:
@@ -183,6 +216,15 @@ def build(name: str, hp: Hyperparams) -> optax.GradientTransformationExtraArgs:
       f"warmup={hp.warmup!r}{why} is not implemented by optimizer {name!r}, which has "
       f"{', '.join(entry.warmups)}. Optimizers with warmup={hp.warmup!r}: {', '.join(stats)}."
     )
+  if hp.reference_batch_size is not None and not entry.takes_reference_batch:
+    takers = [o.name for o in _REGISTRY.values() if o.takes_reference_batch]
+    raise ValueError(
+      f"reference_batch_size={hp.reference_batch_size} (the batch learning_rate was tuned at) "
+      f"is not implemented by optimizer {name!r}, whose rate does not scale with the batch: "
+      f"use one of {', '.join(takers)}, or leave reference_batch_size unset (0 in the "
+      "trainer's config) and give learning_rate for this run's batch."
+    )
+  _ = hp.scale  # a reference batch that does not divide the global batch fails here, not in jit
   # A no-op for chains (already GradientTransformationExtraArgs); makes a bare transformation
   # accept (and ignore) grad_stats=.
   return optax.with_extra_args_support(entry.build(hp))
@@ -206,6 +248,7 @@ def _large_batch(
       clock="samples",
       num_samples=hp.num_samples,
       **hp.warmup_kwargs(),
+      **hp.batch_kwargs(),
     )
     if grouped:
       kw["grouping"] = GROUPINGS[hp.grouping]
@@ -239,6 +282,7 @@ register(
     paper_warmup="fixed",
     diagnostics=True,
     warmups=WARMUPS,
+    takes_reference_batch=True,
   )
 )
 register(
@@ -249,6 +293,7 @@ register(
     paper_warmup="none",
     diagnostics=True,
     warmups=WARMUPS,
+    takes_reference_batch=True,
   )
 )
 register(
@@ -259,6 +304,7 @@ register(
     paper_warmup="state_aware",
     diagnostics=True,
     warmups=WARMUPS,
+    takes_reference_batch=True,
   )
 )
 register(Optimizer(name="lars", build=_lars, label="LARS"))

@@ -75,13 +75,15 @@ def write_report(out: Path) -> None:
       rows.append(row)
     return rows
 
+  lamb_swept = _swept_rates(runs, "lamb")
+
   def acc_cell(group, s):
     accs = final_accuracies(group)
-    rate = (
-      f" @ {group[0]['config']['learning_rate']:g}"
-      if group[0]["config"]["method"] == "lamb"
-      else ""
-    )
+    rate = ""
+    if group[0]["config"]["method"] == "lamb":
+      lr = group[0]["config"]["learning_rate"]
+      edge = lr in (min(lamb_swept[s]), max(lamb_swept[s])) and len(lamb_swept[s]) > 1
+      rate = f" @ {lr:g}" + (" (edge of the sweep)" if edge else "")
     return f"{harness.mean_std(accs)} ({len(accs)}){rate}"
 
   def target_cell(target):
@@ -113,8 +115,10 @@ def write_report(out: Path) -> None:
     "From `ol.diagnostics(...)['critical_batch_size']` (per-worker batches) times the "
     f"per-worker batch {PER_WORKER_BATCH}.\n",
     harness.markdown_table(header, cell_rows(critical_cell)),
-    "\n## Rate sweeps (seed 0, final accuracy)\n",
-    harness.markdown_table(["method", "S", "rate", "accuracy"], _sweep_rows(runs)),
+    "\n## Rate sweeps (final accuracy)\n",
+    harness.markdown_table(
+      ["method", "S", "rate", "seed 0", "all seeds that ran it (n)"], _sweep_rows(runs)
+    ),
   ]
   harness.write_text(out / "tables.md", "\n".join(sections) + "\n")
   summary = {
@@ -133,14 +137,30 @@ def write_report(out: Path) -> None:
 
 
 def _sweep_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
-  rows = []
+  """One row per swept (method, S, rate): seed 0's accuracy and, where other seeds ran that
+  rate (LAMB: seed 0's best and its neighbours), the mean ± std over the seeds."""
+  by_rate: dict[tuple[str, int, float], dict[int, float]] = defaultdict(dict)
   for run in runs:
     c = run["config"]
-    if c.get("sweep") and c["seed"] == 0:
-      rows.append(
-        (c["label"], c["num_workers"], c["learning_rate"], run["evals"][-1]["eval_accuracy"])
-      )
-  return [[label, s, f"{lr:g}", f"{acc:.4f}"] for label, s, lr, acc in sorted(rows)]
+    if c.get("sweep"):
+      key = (c["label"], c["num_workers"], c["learning_rate"])
+      by_rate[key][c["seed"]] = run["evals"][-1]["eval_accuracy"]
+  rows = []
+  for (label, s, lr), accs in sorted(by_rate.items()):
+    seed0 = f"{accs[0]:.4f}" if 0 in accs else "—"
+    every = [accs[k] for k in sorted(accs)]
+    rows.append([label, s, f"{lr:g}", seed0, f"{harness.mean_std(every)} ({len(every)})"])
+  return rows
+
+
+def _swept_rates(runs: list[dict[str, Any]], method: str) -> dict[int, set[float]]:
+  """S -> the rates of ``method``'s finished seed-0 sweep runs."""
+  rates: dict[int, set[float]] = defaultdict(set)
+  for run in runs:
+    c = run["config"]
+    if c["method"] == method and c.get("sweep") and c["seed"] == 0:
+      rates[c["num_workers"]].add(c["learning_rate"])
+  return rates
 
 
 def _with_fractions(targets: list[float]) -> list[tuple[float, float]]:
@@ -156,6 +176,7 @@ def _plots(out, cells, scales, methods, base_acc, targets) -> None:
       if (m, s) in cells and s > 8
     ]
     for m in methods
+    if any((m, s) in cells for s in scales if s > 8)  # not the baseline alone
   }
   baseline = (base_acc, "AdamW at S = 8") if base_acc is not None else None
   epochs = next(iter(cells.values()))[0]["config"]["epochs"] if cells else 0

@@ -12,7 +12,9 @@ are skipped; ``--shard I/N`` lets N processes share a phase):
   python -m benchmarks.adamw_scaling.study --phase grid --seeds 0 1 2 --shard 0/2   # and 1/2
   python -m benchmarks.adamw_scaling.study --report_only             # tables and plots
 
-LAMB's rate is swept at every S with seed 0; its other seeds use that S's best rate. The raw
+LAMB's rate is swept at every S with seed 0 (``lamb_rates``); its other seeds run that S's best
+rate and its two neighbours (so every seed shows whether that rate is its best too), and join
+the grid once seed 0's sweep has finished (run the grid again). The raw
 runs are packed into ``results/runs.tar.xz`` (unpacked again when ``runs/`` is absent).
 """
 
@@ -29,6 +31,9 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 SCALES = (8, 32, 128, 256)
 ADAM_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
 LAMB_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+# At S >= 128 seed 0's best LAMB rate was the largest of LAMB_RATES: the sweep goes on there.
+LAMB_LARGE_BATCH_RATES = (3e-1, 1.0)
+LAMB_LARGE_BATCH_FROM = 128
 EPOCHS = 8
 NUM_SAMPLES = 10_000
 SWEEP_METHOD = "adam_lsw"  # at S = 8 every rule has scale 1: this is plain AdamW
@@ -46,6 +51,18 @@ def sweep_runs(epochs: int, num_samples: int) -> list[Any]:
   from benchmarks.adamw_scaling.train import Run
 
   return [Run(SWEEP_METHOD, 8, 0, lr, epochs, num_samples, sweep=True) for lr in ADAM_RATES]
+
+
+def lamb_rates(num_workers: int) -> tuple[float, ...]:
+  """LAMB's swept rates at S = ``num_workers``."""
+  large = num_workers >= LAMB_LARGE_BATCH_FROM
+  return LAMB_RATES + (LAMB_LARGE_BATCH_RATES if large else ())
+
+
+def neighbours(rates: Sequence[float], rate: float) -> tuple[float, ...]:
+  """``rate`` and the rates either side of it in ``rates``."""
+  i = list(rates).index(rate)
+  return tuple(rates[max(i - 1, 0) : i + 2])
 
 
 def best_rate(runs: Sequence[Any], runs_dir: Path) -> float | None:
@@ -73,13 +90,16 @@ def grid_runs(
     for s in scales:
       for method in METHODS:
         if method == "lamb":
-          sweep = [Run("lamb", s, 0, lr, epochs, num_samples, sweep=True) for lr in LAMB_RATES]
+          sweep = [Run("lamb", s, 0, lr, epochs, num_samples, sweep=True) for lr in lamb_rates(s)]
           if seed == 0:
             runs += sweep
             continue
           lamb_rate = best_rate(sweep, runs_dir)
-          if lamb_rate is not None:
-            runs.append(Run("lamb", s, seed, lamb_rate, epochs, num_samples, sweep=True))
+          if lamb_rate is not None:  # that rate and its neighbours: is it the best on this seed?
+            runs += [
+              Run("lamb", s, seed, lr, epochs, num_samples, sweep=True)
+              for lr in neighbours(lamb_rates(s), lamb_rate)
+            ]
         elif s == 8 and method != SWEEP_METHOD:
           continue  # scale 1: every optax_lena rule is the same AdamW as the baseline
         elif s == 8 and seed == 0:

@@ -69,16 +69,22 @@ def create_model(config: Config, num_classes: int) -> flax.linen.Module:
   return models.create_model(config.model, num_classes, **kw)
 
 
-def create_optimizer(
-  config: Config, num_samples: int, total_steps: int
-) -> optax.GradientTransformationExtraArgs:
-  """The registry's ``config.optimizer`` with the run's rate schedule and warm-up.
+def hyperparams(config: Config, num_samples: int, total_steps: int) -> optimizers.Hyperparams:
+  """What the registry's builders know of the run: ``config``'s optimizer fields, S, the run
+  length, the per-worker batch and ``reference_batch_size`` (0: none, i.e. k = S).
 
   ``warmup='default'`` is the entry's paper warm-up. Warm-up lengths are fractions of
-  T1 = ``total_steps x num_samples``, the single-worker iterations of the same epoch budget.
+  T1 = ``total_steps x k``, the reference-batch iterations of the same epoch budget (the
+  single-worker iterations by default).
   """
   entry = optimizers.get(config.optimizer)
-  hp = optimizers.Hyperparams(
+  reference = config.reference_batch_size
+  if reference < 0:
+    raise ConfigError(
+      f"reference_batch_size must be >= 0 (0: learning_rate is the per-worker batch's), got "
+      f"{reference}."
+    )
+  return optimizers.Hyperparams(
     learning_rate=config.learning_rate,
     num_samples=num_samples,
     total_steps=total_steps,
@@ -89,7 +95,22 @@ def create_optimizer(
     warmup_alpha=config.warmup_alpha,
     warmup_fraction=config.warmup_fraction,
     grouping=config.grouping,
+    per_worker_batch_size=config.per_worker_batch if reference else None,
+    reference_batch_size=reference or None,
   )
+
+
+def create_optimizer(
+  config: Config, num_samples: int, total_steps: int
+) -> optax.GradientTransformationExtraArgs:
+  """The registry's ``config.optimizer`` built from :func:`hyperparams`: the run's rate
+  schedule, warm-up and reference batch.
+
+  Raises:
+    ConfigError: a warm-up or a reference batch the optimizer does not take, or a reference
+      batch that does not divide the global batch (the message names the fix).
+  """
+  hp = hyperparams(config, num_samples, total_steps)
   try:
     return optimizers.build(config.optimizer, hp)
   except ValueError as e:
@@ -290,6 +311,9 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
 
   model = create_model(config, data.num_classes)
   tx = create_optimizer(config, s, total_steps)
+  scale = hyperparams(config, s, total_steps).scale  # k = S b / b0: base steps per update
+  if config.reference_batch_size:
+    info("learning_rate tuned at batch %d: scale k = %d.", config.reference_batch_size, scale)
   strategy = parallel.create(
     config.parallel,
     layout,
@@ -334,7 +358,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       "type": kind,
       "iteration": step,
       "epoch": step * global_batch / data.num_train,
-      "base_steps": step * s,
+      "base_steps": step * scale,
       "wall_time": wall_offset + time.perf_counter() - t0,
       "train_loss": mean("loss"),
       "train_accuracy": mean("accuracy"),

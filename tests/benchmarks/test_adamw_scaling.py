@@ -64,4 +64,30 @@ def test_grid_uses_the_best_swept_rates(tmp_path):
   for run, acc in zip(study.LAMB_RATES, [0.2, 0.1, 0.3, 0.25, 0.15], strict=True):
     _fake_finished(runs_dir, train.Run("lamb", 32, 0, run, 2, 1000, sweep=True), acc)
   grid = study.grid_runs(runs_dir, [1], [32], 2, 1000)
-  assert [r.learning_rate for r in grid if r.method == "lamb"] == [study.LAMB_RATES[2]]
+  assert [r.learning_rate for r in grid if r.method == "lamb"] == list(study.LAMB_RATES[1:4])
+  assert study.neighbours(study.LAMB_RATES, study.LAMB_RATES[0]) == study.LAMB_RATES[:2]
+  # At S >= 128 the sweep goes beyond LAMB_RATES (seed 0's best was their largest there).
+  large = [
+    r.learning_rate for r in study.grid_runs(runs_dir, [0], [128], 2, 1000) if r.method == "lamb"
+  ]
+  assert large == [*study.LAMB_RATES, *study.LAMB_LARGE_BATCH_RATES]
+  assert min(study.LAMB_LARGE_BATCH_RATES) > max(study.LAMB_RATES)
+
+
+# The fake runs hold one evaluation each: matplotlib warns about their one-point log-x curves.
+@pytest.mark.filterwarnings("ignore:Data has no positive values")
+def test_report_flags_a_best_rate_at_the_edge_of_its_sweep(tmp_path):
+  runs_dir = tmp_path / "out" / "runs"
+  for run, acc in zip(study.sweep_runs(2, 1000), [0.5, 0.7, 0.6, 0.4], strict=True):
+    _fake_finished(runs_dir, run, acc)
+  for s, accs in ((32, [0.1, 0.2, 0.4, 0.3, 0.2]), (128, [0.1, 0.1, 0.1, 0.1, 0.2, 0.3, 0.4])):
+    for lr, acc in zip(study.lamb_rates(s), accs, strict=True):
+      _fake_finished(runs_dir, train.Run("lamb", s, 0, lr, 2, 1000, sweep=True), acc)
+  report.write_report(tmp_path / "out")
+  row = next(
+    line
+    for line in (tmp_path / "out" / "tables.md").read_text().splitlines()
+    if line.startswith("| LAMB")
+  )
+  assert "0.4000 (1) @ 0.01 |" in row  # S = 32: inside the sweep
+  assert "0.4000 (1) @ 1 (edge of the sweep)" in row  # S = 128: the largest rate

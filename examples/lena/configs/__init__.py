@@ -49,7 +49,12 @@ class Config:
   # for the optimizer (its registry entry's paper_warmup: linear_scaling fixed, lena
   # state_aware, ...).
   warmup: str = "default"
-  learning_rate: float = 0.1  # eta0, the rate of one worker at the per-worker batch
+  learning_rate: float = 0.1  # eta0, the rate of one worker at the per-worker batch ...
+  # ... or at this batch b0, if > 0: the rate was tuned at b0 examples, so an update of S
+  # per-worker batches b has scale k = S b / b0 (LSW's factor, the gain ratio's cap, the sample
+  # clock and the warm-ups count k); linear_scaling, adascale and lena only; S b must be a
+  # multiple of b0. 0 = per_worker_batch (k = S).
+  reference_batch_size: int = 0
   momentum: float = 0.9
   weight_decay: float = 5e-4  # coupled (PyTorch SGD), except for lars / lamb
   lr_decay: float = 0.01  # exponential decay: eta0 * lr_decay ** (progress in [0, 1])
