@@ -19,6 +19,20 @@ BASELINE = "adam_lsw"  # at S = 8 (scale 1) every optax_lena rule is this plain 
 # Fractions of the baseline's final accuracy: with the same epochs the large-S runs have a few
 # dozen updates, so the shared 98% / 90% targets are complemented by lower ones.
 TARGET_FRACTIONS = (0.90, 0.75, 0.50)
+# (A, B): A - B seed by seed (a seed fixes the initialisation and the data order, so pairing
+# removes most of the seed-to-seed spread): the questions of the study.
+PAIRS = (
+  ("adam_sqrt_lsw", "adam_lsw"),
+  ("lena", "lena_sqrt"),
+  ("adascale", "adascale_sqrt"),
+  ("lena_sa", "lena_sqrt_sa"),
+  ("adascale_sa", "adascale_sqrt_sa"),
+  ("lena", "adascale"),
+  ("lena_sa", "lena"),
+  ("adascale_sa", "adascale"),
+  ("lena", "adam_sqrt_lsw"),
+  ("lena", "lamb"),
+)
 
 
 def load_runs(runs_dir: Path) -> list[dict[str, Any]]:
@@ -111,6 +125,11 @@ def write_report(out: Path) -> None:
       harness.markdown_table(header, cell_rows(target_cell(target))),
     ]
   sections += [
+    "\n## Paired differences of final accuracy (A - B on the same seed)\n",
+    "Mean ± std over the seeds both ran, and on how many seeds A was ahead.\n",
+    harness.markdown_table(
+      ["A - B", *[f"S={s}" for s in scales if s > 8]], _pair_rows(cells, scales)
+    ),
     "\n## Critical batch size at the end of training (examples; median over seeds)\n",
     "From `ol.diagnostics(...)['critical_batch_size']` (per-worker batches) times the "
     f"per-worker batch {PER_WORKER_BATCH}.\n",
@@ -151,6 +170,29 @@ def _sweep_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
     every = [accs[k] for k in sorted(accs)]
     rows.append([label, s, f"{lr:g}", seed0, f"{harness.mean_std(every)} ({len(every)})"])
   return rows
+
+
+def _pair_rows(cells, scales) -> list[list[str]]:
+  rows = []
+  for a, b in PAIRS:
+    row = [f"{METHODS[a][0]} - {METHODS[b][0]}"]
+    for s in (s for s in scales if s > 8):
+      by_seed = [
+        {r["config"]["seed"]: r["evals"][-1]["eval_accuracy"] for r in cells.get((m, s), [])}
+        for m in (a, b)
+      ]
+      seeds = sorted(set(by_seed[0]) & set(by_seed[1]))
+      diffs = [by_seed[0][k] - by_seed[1][k] for k in seeds]
+      ahead = sum(d > 0 for d in diffs)
+      row.append(f"{_signed_mean_std(diffs)} ({ahead}/{len(diffs)})" if diffs else "—")
+    rows.append(row)
+  return rows
+
+
+def _signed_mean_std(values: list[float]) -> str:
+  if len(values) == 1:
+    return f"{values[0]:+.3f}"
+  return f"{statistics.mean(values):+.3f} ± {statistics.stdev(values):.3f}"
 
 
 def _swept_rates(runs: list[dict[str, Any]], method: str) -> dict[int, set[float]]:

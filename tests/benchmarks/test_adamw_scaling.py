@@ -76,14 +76,20 @@ def test_grid_uses_the_best_swept_rates(tmp_path):
 
 # The fake runs hold one evaluation each: matplotlib warns about their one-point log-x curves.
 @pytest.mark.filterwarnings("ignore:Data has no positive values")
-def test_report_flags_a_best_rate_at_the_edge_of_its_sweep(tmp_path):
+def test_report_flags_edge_rates_and_pairs_seeds(tmp_path):
   runs_dir = tmp_path / "out" / "runs"
   for run, acc in zip(study.sweep_runs(2, 1000), [0.5, 0.7, 0.6, 0.4], strict=True):
     _fake_finished(runs_dir, run, acc)
   for s, accs in ((32, [0.1, 0.2, 0.4, 0.3, 0.2]), (128, [0.1, 0.1, 0.1, 0.1, 0.2, 0.3, 0.4])):
     for lr, acc in zip(study.lamb_rates(s), accs, strict=True):
       _fake_finished(runs_dir, train.Run("lamb", s, 0, lr, 2, 1000, sweep=True), acc)
+  for seed, (p1, p_half) in enumerate([(0.5, 0.4), (0.6, 0.4)]):
+    _fake_finished(runs_dir, train.Run("lena", 32, seed, 1e-2, 2, 1000), p1)
+    _fake_finished(runs_dir, train.Run("lena_sqrt", 32, seed, 1e-2, 2, 1000), p_half)
   report.write_report(tmp_path / "out")
+  tables = (tmp_path / "out" / "tables.md").read_text()
+  # Paired by seed: differences 0.1 and 0.2, A ahead on both seeds.
+  assert "| LENA-AdamW p=1 - LENA-AdamW p=1/2 | +0.150 ± 0.071 (2/2) | — |" in tables
   row = next(
     line
     for line in (tmp_path / "out" / "tables.md").read_text().splitlines()
