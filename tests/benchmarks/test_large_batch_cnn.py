@@ -22,6 +22,10 @@ def test_smoke_study_writes_tables_plots_and_resumes(
   out = tmp_path / "study"
   argv = ["--smoke", "--out", str(out), "--cache_dir", str(tmp_path / "cache")]
   grid = study.build_grid(study.PRESETS["smoke"])
+  # Every table's runs are in the grid; the smoke's Table 3 row is Table 1's LENA run, and the
+  # full grid names its other thresholds apart.
+  full = {spec.name for spec in study.build_grid(study.PRESETS["full"])}
+  assert {"lena_s256_state_aware_a1_seed0", "lena_s256_state_aware_seed0"} <= full
 
   text = study.main(argv)
   first = capsys.readouterr().out
