@@ -55,7 +55,7 @@ def run_once(
   env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
   env.update(
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    XLA_FLAGS=f"{harness.HOST_DEVICES_FLAG}={devices}",
     PYTHONPATH=str(REPO_ROOT),
   )
   args = [
