@@ -202,7 +202,9 @@ def all_reduce_grad_stats(
       not change; a copy of the gradient on each side buys one collective exchange instead of
       one per leaf. Worth it where the collectives pay per buffer: CPU devices of several
       processes joined by ``jax.distributed`` (gloo). On GPU and TPU, XLA combines the leaves'
-      all-reduces by itself: leave it off.
+      all-reduces by itself: leave it off. Caveat, seen across CPU processes: when a process
+      is killed mid-run, gloo may abort the others (``gloo::EnforceNotMet ... collective
+      mismatch``) rather than raise an error they can report.
 
   Returns:
     ``(mean_grads, stats)``, identical on every worker.
