@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import harness
+from benchmarks.multihost import bench
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -81,9 +81,7 @@ def _time_layouts(repeats: int) -> dict[str, float]:
 
 
 def _launch(processes: int, devices: int, repeats: int) -> dict[str, float]:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = bench.free_port()
   env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO_ROOT))
   env["XLA_FLAGS"] = f"{harness.HOST_DEVICES_FLAG}={devices}"

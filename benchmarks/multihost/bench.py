@@ -41,7 +41,8 @@ REPO_ROOT = HERE.parents[1]
 LAYOUTS = {"1x8": (1, 8, 16), "2x4": (2, 4, 16), "1x4": (1, 4, 8)}  # processes, devices, S
 
 
-def _free_port() -> int:
+def free_port() -> int:
+  """A TCP port on the loopback that is free now (for a local coordinator)."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -66,7 +67,7 @@ def run_once(
     *("--set", f"per_worker_batch={per_worker_batch}"),
   ]
   if processes > 1:
-    args += [f"--coordinator_address=127.0.0.1:{_free_port()}", f"--num_processes={processes}"]
+    args += [f"--coordinator_address=127.0.0.1:{free_port()}", f"--num_processes={processes}"]
   start = time.perf_counter()
   procs = [
     subprocess.Popen(
