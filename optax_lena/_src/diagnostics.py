@@ -186,7 +186,6 @@ def _diagnostics_of(
 def _host_diagnostics(
   states: list[list[Any]], candidate_scales: tuple[float, ...] | None
 ) -> dict[str, Any]:
-  assert _STATES[-1] is nonfinite.SkipNonFiniteState
   return _diagnostics_of(dict(zip(_STATES, states, strict=True)), None, candidate_scales)
 
 
@@ -281,8 +280,12 @@ def flat_diagnostics(
   # device: eagerly, on arrays replicated over a mesh, each of its ~25 operations would be a
   # program of every device (40 ms per call for the examples' CNN on 8 CPU devices).
   skip = nonfinite.SkipNonFiniteState
-  host = [jax.device_get(found[kind]) for kind in _STATES if kind is not skip]
-  host.append([skip(None, jax.device_get(s.num_skipped)) for s in found[skip]])
+  host = [
+    [skip(None, jax.device_get(s.num_skipped)) for s in found[kind]]
+    if kind is skip
+    else jax.device_get(found[kind])
+    for kind in _STATES
+  ]
   scales = None if candidate_scales is None else tuple(float(c) for c in candidate_scales)
   diag = jax.device_get(_host_diagnostics(host, scales))
   n = int(np.shape(diag["gain_ratio"])[0])
