@@ -83,7 +83,9 @@ def put_global(tree: PyTree, shardings: PyTree) -> PyTree:
   """
 
   def put(x: Any, sharding: NamedSharding) -> jax.Array:
-    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+    # Equal, not merely equivalent: an array on the one device of a 1-device mesh is equivalent
+    # to it but typed without the mesh, and the step would compile again for its own outputs.
+    if isinstance(x, jax.Array) and x.sharding == sharding:
       return x
     if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
       return jax.device_put(x, sharding)

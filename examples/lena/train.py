@@ -385,6 +385,12 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   )
   for step in bar:
     device_state, step_metrics = strategy.step(device_state, strategy.shard_batch(next(batches)))
+    if jax.process_count() > 1:
+      # A collective that fails on some of this process's devices (a peer died) lets those devices
+      # start the next queued program while the others still wait inside the failed one; gloo then
+      # aborts the process on mismatched messages. One step in flight at a time keeps the failure
+      # inside one program, so the coordination service reports the dead peer instead.
+      jax.block_until_ready(device_state)
     train_metrics.append(step_metrics)
     done = step + 1
     is_eval = done % eval_every == 0 or done == total_steps

@@ -14,8 +14,9 @@ dtype, so float16 gradients whose squares leave the float16 range still give exa
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -178,13 +179,36 @@ def _check_not_reduced(local_grads: PyTree, axis_name: AxisName) -> None:
       )
 
 
+@overload
 def all_reduce_grad_stats(
   local_grads: PyTree,
   axis_name: AxisName,
   *,
   local_stats: GradStats | None = None,
   packed: bool = False,
-) -> tuple[PyTree, GradStats]:
+  aux: PyTree,
+) -> tuple[PyTree, GradStats, PyTree]: ...
+
+
+@overload
+def all_reduce_grad_stats(
+  local_grads: PyTree,
+  axis_name: AxisName,
+  *,
+  local_stats: GradStats | None = None,
+  packed: bool = False,
+  aux: None = None,
+) -> tuple[PyTree, GradStats]: ...
+
+
+def all_reduce_grad_stats(
+  local_grads: PyTree,
+  axis_name: AxisName,
+  *,
+  local_stats: GradStats | None = None,
+  packed: bool = False,
+  aux: PyTree | None = None,
+) -> tuple[PyTree, GradStats] | tuple[PyTree, GradStats, PyTree]:
   """All-reduces gradients and their statistics inside ``pmap`` or ``shard_map``.
 
   Replaces the usual ``lax.pmean(grads, axis_name)``. Besides that mean it issues ONE extra
@@ -202,12 +226,18 @@ def all_reduce_grad_stats(
       not change; a copy of the gradient on each side buys one collective exchange instead of
       one per leaf. Worth it where the collectives pay per buffer: CPU devices of several
       processes joined by ``jax.distributed`` (gloo). On GPU and TPU, XLA combines the leaves'
-      all-reduces by itself: leave it off. Caveat, seen across CPU processes: when a process
-      is killed mid-run, gloo may abort the others (``gloo::EnforceNotMet ... collective
-      mismatch``) rather than raise an error they can report.
+      all-reduces by itself: leave it off. Pass the step's other averages as ``aux`` so that
+      the step makes one all-reduce of one buffer: across CPU processes, when a process is
+      killed mid-step, the devices of a survivor whose exchange failed then have no second
+      buffer of the same collective to start on while the others still send the first, a
+      mismatch on which gloo aborts the survivor (``gloo::EnforceNotMet``) instead of letting
+      it report the dead peer.
+    aux: other per-worker values to average over the same workers (metrics, BatchNorm
+      statistics), in the same collective as the gradients (``lax.pmean(aux, axis_name)``).
 
   Returns:
-    ``(mean_grads, stats)``, identical on every worker.
+    ``(mean_grads, stats)``, identical on every worker; ``(mean_grads, stats, mean_aux)`` when
+    ``aux`` is given.
   """
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
@@ -224,15 +254,16 @@ def all_reduce_grad_stats(
   sq_packed = tree_utils.pack_scalars(jax.tree.leaves(local_sq))
   # lax.pmean, spelled out: the squared norms below read the sum. A mean of per-worker means
   # of squared norms over equally sized groups is the global mean.
-  if packed:
-    summed, sq_sum = tree_utils.psum_flat((local_grads, sq_packed), axis_name)
-  else:
-    summed, sq_sum = jax.lax.psum(local_grads, axis_name), jax.lax.psum(sq_packed, axis_name)
+  psum = functools.partial(tree_utils.psum_flat if packed else jax.lax.psum, axis_name=axis_name)
+  summed, sq_sum, aux_sum = psum((local_grads, sq_packed, aux))
   mean_grads = jax.tree.map(lambda v: v / num_workers, summed)
   sq_packed = sq_sum / num_workers
   sq_norm_mean = jax.tree.unflatten(treedef, tree_utils.unpack_scalars(sq_packed))
   mean_sq = jax.tree.map(lambda v, m: _mean_sq_norm(v, m, num_workers), summed, mean_grads)
-  return mean_grads, GradStats(sq_norm_mean, num_workers * local_samples, mean_sq)
+  stats = GradStats(sq_norm_mean, num_workers * local_samples, mean_sq)
+  if aux is None:
+    return mean_grads, stats
+  return mean_grads, stats, jax.tree.map(lambda v: v / num_workers, aux_sum)
 
 
 def _mean_sq_norm(summed: jax.Array, mean: jax.Array, num_workers: int) -> jax.Array:

@@ -165,6 +165,44 @@ def test_packed_all_reduce_matches_per_leaf_and_float64(with_local_stats):
     np.testing.assert_allclose(top, np.mean(np.sum(g64**2, axis=1)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_aux_is_averaged_with_the_gradients_in_one_collective(packed):
+  """``aux`` (a step's metrics, BatchNorm statistics) is ``lax.pmean``-ed over the same workers;
+  packed, the whole step is ONE all-reduce of ONE buffer when every leaf has one dtype (what
+  lets a survivor of a killed process report it instead of aborting in gloo)."""
+  grads = make_worker_grads(NUM_DEVICES)
+  rng = np.random.RandomState(3)
+  aux = {"loss": jnp.asarray(rng.rand(NUM_DEVICES), jnp.float32)}
+  aux["bn_mean"] = jnp.asarray(rng.randn(NUM_DEVICES, 7), jnp.float32)
+  mesh = auto_mesh((NUM_DEVICES,), ("batch",))
+
+  def step(local, local_aux):
+    local, local_aux = jax.tree.map(lambda x: x[0], (local, local_aux))
+    mean, stats, mean_aux = ol.all_reduce_grad_stats(local, "batch", packed=packed, aux=local_aux)
+    return mean, stats, mean_aux, jax.lax.pmean(local_aux, "batch")
+
+  fn = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("batch"), out_specs=P()))
+  mean, stats, mean_aux, pmean_aux = fn(grads, aux)
+  mean_ref, stats_ref = ol.stacked_grad_stats(grads)
+  for a, b in zip(jax.tree.leaves(mean_aux), jax.tree.leaves(pmean_aux), strict=True):
+    np.testing.assert_array_equal(a, b)
+  for got, x in zip(jax.tree.leaves(mean_aux), jax.tree.leaves(aux), strict=True):
+    np.testing.assert_allclose(got, np.asarray(x, np.float64).mean(0), rtol=1e-6)
+  assert_stats_close(stats, stats_ref)
+  for a, b in zip(jax.tree.leaves(mean), jax.tree.leaves(mean_ref), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  # Without the pmean written beside it for the comparison, the step's collectives:
+  one = jax.jit(
+    jax.shard_map(lambda g, a: step(g, a)[:3], mesh=mesh, in_specs=P("batch"), out_specs=P())
+  )
+  hlo = one.lower(grads, aux).compile().as_text()
+  reduces = [line for line in hlo.splitlines() if " all-reduce(" in line]
+  if packed:
+    assert len(reduces) == 1 and reduces[0].count("f32[") == 1, reduces
+  else:
+    assert len(reduces) >= 1 and sum(line.count("f32[") for line in reduces) > 1, reduces
+
+
 def test_gspmd_sharded_stacked_axis_matches_unsharded():
   grads = make_worker_grads(NUM_DEVICES)
   ref_updates, ref_mult = _one_lena_update(*ol.stacked_grad_stats(grads))
