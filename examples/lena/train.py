@@ -373,6 +373,12 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   part = input_pipeline.process_part(global_batch, jax.process_index(), jax.process_count())
   batches = input_pipeline.global_batches(data, global_batch, start_step, part)
   train_metrics: list[dict[str, jax.Array]] = []
+  # CPU processes joined over gloo: a collective that fails on some of this process's devices (a
+  # peer died) lets those devices start the next queued program while the others still wait in
+  # the failed one, and gloo aborts the process on the mismatched messages. One step in flight
+  # keeps a failure inside one program, so the coordination service reports the dead peer. (GPU
+  # and TPU collectives do not work this way: there dispatch keeps running ahead.)
+  one_step_in_flight = jax.process_count() > 1 and jax.default_backend() == "cpu"
   t0 = time.perf_counter()
   bar = tqdm.tqdm(
     range(start_step, total_steps),
@@ -385,11 +391,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   )
   for step in bar:
     device_state, step_metrics = strategy.step(device_state, strategy.shard_batch(next(batches)))
-    if jax.process_count() > 1:
-      # A collective that fails on some of this process's devices (a peer died) lets those devices
-      # start the next queued program while the others still wait inside the failed one; gloo then
-      # aborts the process on mismatched messages. One step in flight at a time keeps the failure
-      # inside one program, so the coordination service reports the dead peer instead.
+    if one_step_in_flight:
       jax.block_until_ready(device_state)
     train_metrics.append(step_metrics)
     done = step + 1
