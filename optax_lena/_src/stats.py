@@ -221,17 +221,17 @@ def all_reduce_grad_stats(
     axis_name: the mapped axis name, or a tuple of names; S is the total size of those axes.
     local_stats: statistics of this worker's K local micro-batches (from
       :func:`accumulate_grad_stats`); then S = (size of the axes) x K.
-    packed: send the gradients and the squared norms as one flat buffer (per dtype) instead of
-      one buffer per leaf. Each element is summed over the same workers, so the statistics do
-      not change; a copy of the gradient on each side buys one collective exchange instead of
-      one per leaf. Worth it where the collectives pay per buffer: CPU devices of several
-      processes joined by ``jax.distributed`` (gloo). On GPU and TPU, XLA combines the leaves'
-      all-reduces by itself: leave it off. Pass the step's other averages as ``aux`` so that
-      the step makes one all-reduce of one buffer: across CPU processes, when a process is
-      killed mid-step, the devices of a survivor whose exchange failed then have no second
-      buffer of the same collective to start on while the others still send the first, a
-      mismatch on which gloo aborts the survivor (``gloo::EnforceNotMet``) instead of letting
-      it report the dead peer.
+    packed: send the gradients, the squared norms and ``aux`` as one flat buffer (per dtype)
+      instead of one buffer per leaf. Each element is summed over the same workers, so the
+      statistics do not change; a copy of the gradient on each side buys one collective
+      exchange instead of one per leaf. Worth it where the collectives pay per buffer: CPU
+      devices of several processes joined by ``jax.distributed`` (gloo). On GPU and TPU, XLA
+      combines the leaves' all-reduces by itself: leave it off. Pass the step's other averages
+      as ``aux`` so that the step makes one all-reduce of one buffer: across CPU processes,
+      when a process is killed mid-step, the devices of a survivor whose exchange failed then
+      have no second buffer of the same collective to start on while the others still send
+      the first, a mismatch on which gloo aborts the survivor (``gloo::EnforceNotMet``)
+      instead of letting it report the dead peer.
     aux: other per-worker values to average over the same workers (metrics, BatchNorm
       statistics), in the same collective as the gradients (``lax.pmean(aux, axis_name)``).
 
