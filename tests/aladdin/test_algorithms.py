@@ -98,7 +98,10 @@ def test_every_server_answers_with_the_one_reply_type(name):
 
 def test_update_message_is_the_local_displacement_momentum_and_decay_included():
   tx = al.local_optimizer(0.1, weight_decay=1e-2)
-  params = {"w": jnp.asarray(RNG.normal(size=5), jnp.float32), "b": jnp.asarray(0.5)}
+  params = {
+    "w": jnp.asarray(np.random.default_rng(1).normal(size=5), jnp.float32),
+    "b": jnp.asarray(0.5),
+  }
   update = jax.jit(al.local_step(loss_fn, tx, message="update"))
   gradient = jax.jit(al.local_step(loss_fn, tx, message="gradient"))
   state_u = state_g = tx.init(params)

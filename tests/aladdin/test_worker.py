@@ -11,6 +11,15 @@ from optax_lena import aladdin as al
 from tests.aladdin.reference import merge as reference_merge
 
 RNG = np.random.default_rng(0)
+F32_EPS = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(autouse=True)
+def _same_draws_in_any_order():
+  """Each test draws the same numbers whichever tests ran before it in its process (xdist
+  spreads them differently from run to run)."""
+  global RNG
+  RNG = np.random.default_rng(0)
 
 
 def test_worker_merge_float32_exact_vs_numpy():
@@ -91,7 +100,10 @@ def test_asp_applies_every_gradient_at_once_and_rejects_nonfinite():
     state, reply = receive(state, g, jnp.int32(k % 2))
     updates, ref_state = tx.update(g, ref_state, ref)
     ref = optax.apply_updates(ref, updates)
-    np.testing.assert_allclose(reply.params["w"], ref["w"], rtol=1e-6)
+    # Jitted (fused) against optax's eager steps: float32 rounding at the parameters' scale
+    # (an entry near 0 left by cancellation has no meaningful relative error).
+    atol = 4 * F32_EPS * float(np.abs(ref["w"]).max())
+    np.testing.assert_allclose(reply.params["w"], ref["w"], rtol=1e-6, atol=atol)
     # The one reply type of every server: weight 1, so worker_merge adopts x~ exactly.
     assert bool(reply.ready) and float(reply.alpha) == 1.0
     merged = al.worker_merge({"w": jnp.full(4, 3.0)}, reply.params, reply.alpha)
