@@ -75,6 +75,13 @@ def state_sharding(tree: PyTree, mesh: Mesh) -> PyTree:
   return jax.tree.map(lambda x: NamedSharding(mesh, leaf_spec(np.shape(x), model_parallel)), tree)
 
 
+def collectives_over_gloo() -> bool:
+  """Whether cross-device collectives go over gloo: CPU devices of several processes. Gloo pays
+  per buffer of a combined all-reduce, and a failed exchange desynchronises the devices of one
+  process (see the step's packing in ``parallel`` and the training loop)."""
+  return jax.process_count() > 1 and jax.default_backend() == "cpu"
+
+
 def put_global(tree: PyTree, shardings: PyTree) -> PyTree:
   """``tree``'s leaves as global arrays with ``shardings`` (a tree or one sharding for all).
 

@@ -255,9 +255,7 @@ class ShardMap(Strategy):
     # a combined all-reduce: one flat buffer instead of one per leaf is 6x faster for the
     # default CNN (benchmarks/multihost). Not with kernels split over 'model' (the buffer would
     # gather them), nor on one process, where the step stays exactly as it was.
-    packed = (
-      jax.process_count() > 1 and jax.default_backend() == "cpu" and self.layout.model_parallel == 1
-    )
+    packed = mesh_lib.collectives_over_gloo() and self.layout.model_parallel == 1
     body = _per_device_step(worker, update, packed)
 
     def local_step(state: Any, batch: Batch) -> Any:

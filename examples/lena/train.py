@@ -378,7 +378,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   # the failed one, and gloo aborts the process on the mismatched messages. One step in flight
   # keeps a failure inside one program, so the coordination service reports the dead peer. (GPU
   # and TPU collectives do not work this way: there dispatch keeps running ahead.)
-  one_step_in_flight = jax.process_count() > 1 and jax.default_backend() == "cpu"
+  one_step_in_flight = mesh.collectives_over_gloo()
   t0 = time.perf_counter()
   bar = tqdm.tqdm(
     range(start_step, total_steps),
