@@ -141,21 +141,29 @@ def test_install_cell_skips_when_importable(capsys, monkeypatch):
 
 
 def test_notebook_runs_tiny_on_cpu(tmp_path):
+  from jupyter_client.utils import run_sync
+
   nb = _read()
   i = _parameters_index(nb)
   nb.cells.insert(i + 1, nbformat.v4.new_code_cell(TINY_PARAMETERS))
   nb.cells.append(nbformat.v4.new_code_cell(NO_TENSORFLOW_CHECK))
 
+  km = _kernel_manager(tmp_path)
   client = nbclient.NotebookClient(
     nb,
-    km=_kernel_manager(tmp_path),
+    km=km,
     kernel_name="python3",
     timeout=120,
     startup_timeout=60,
     allow_errors=False,
     resources={"metadata": {"path": str(tmp_path)}},
   )
-  client.execute()  # raises CellExecutionError on any error
+  try:
+    client.execute()  # raises CellExecutionError on any error
+  finally:
+    # nbclient shuts down only the kernels it started; this one is ours.
+    if km.has_kernel:
+      run_sync(km.shutdown_kernel)(now=True)
 
   errors = [
     o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
