@@ -4,6 +4,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
@@ -25,3 +27,19 @@ def pytest_sessionfinish(session, exitstatus):
   own = os.environ.get(_OWN_CACHE)
   if own and not hasattr(session.config, "workerinput"):  # the controller, after the workers
     shutil.rmtree(own, ignore_errors=True)
+
+
+def pytest_runtest_setup(item):
+  """Tests marked ``xdist_group`` share a module fixture (a Ray cluster, multi-process runs):
+  under ``--dist loadgroup`` they must reach one worker, or the fixture runs once per worker.
+  pytest-xdist groups them by appending ``@group`` to their node ids; fail if that was lost."""
+  if (
+    getattr(item.config.option, "loadgroup", False)
+    and any(item.iter_markers("xdist_group"))
+    and "@" not in item.nodeid
+  ):
+    pytest.fail(
+      "--dist loadgroup ignored this test's xdist_group: this pytest / pytest-xdist pair "
+      "cannot group tests; install the versions pyproject.toml pins",
+      pytrace=False,
+    )
