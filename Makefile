@@ -31,7 +31,7 @@ test: install typecheck
 	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q -m "not slow and not ray" tests
-	$(VENV)/bin/pytest -q -m "ray and not slow" tests
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -q -m "ray and not slow" tests
 
 demo: install
 	$(PY) -m examples.demo

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
+pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[3]
 

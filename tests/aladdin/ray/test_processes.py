@@ -24,7 +24,7 @@ pytest.importorskip("ray")
 
 from tests.aladdin.ray import helpers
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
+pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = [sys.executable, "-m", "tests.aladdin.ray.driver"]

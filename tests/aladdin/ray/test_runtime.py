@@ -31,7 +31,8 @@ from optax_lena import aladdin as al  # noqa: E402
 from optax_lena.aladdin import distributed as ad  # noqa: E402
 from tests.aladdin.ray import helpers  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("aladdin_ray")]
+# One xdist worker runs the whole module: its tests share the module's cluster.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray_runtime")]
 
 TEST_SECONDS = 300  # alarm per test: a hung Ray call fails the test instead of the CI job
 
