@@ -14,15 +14,18 @@ if _REPO_ROOT not in sys.path:
 from examples import models  # noqa: E402
 
 
-def _init(width: int) -> tuple[models.ResNet1D, dict]:
+def _init(width: int, shapes_only: bool = False) -> tuple[models.ResNet1D, dict]:
+  """The model and its variables; with ``shapes_only`` their shapes (nothing is computed)."""
   model = models.create_model("resnet1d", 10, width=width)
-  return model, model.init(jax.random.key(0), jnp.zeros((2, 40)), train=False)
+  init = lambda key, x: model.init(key, x, train=False)
+  args = (jax.random.key(0), jnp.zeros((2, 40)))
+  return model, jax.eval_shape(init, *args) if shapes_only else init(*args)
 
 
 def test_leaves_and_parameters() -> None:
   """The same leaf structure as ResNet-18 (62 leaves) and the documented sizes."""
   for width, size in ((8, 61_778), (16, 243_354)):
-    _, variables = _init(width)
+    _, variables = _init(width, shapes_only=True)
     leaves = jax.tree.leaves(variables["params"])
     assert len(leaves) == 62
     assert sum(x.size for x in leaves) == size
@@ -73,5 +76,7 @@ def test_config_builds_the_study_model() -> None:
   assert (config.model, config.width, config.per_worker_batch) == ("resnet1d", 8, 8)
   assert config.mnist1d_num_samples == 10_000
   model = models.create_model(config.model, 10, width=config.width)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 40)), train=False)
+  variables = jax.eval_shape(
+    lambda x: model.init(jax.random.key(0), x, train=False), jnp.zeros((1, 40))
+  )
   assert sum(x.size for x in jax.tree.leaves(variables["params"])) == 61_778
