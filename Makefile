@@ -29,11 +29,13 @@ format: install
 
 # --max-worker-restart=0: a worker that crashes fails the run; with loadgroup, pytest-xdist 3.8
 # would otherwise restart it and then wait forever for its tests.
+PYTEST := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --max-worker-restart=0 -q
+
 test: install typecheck
 	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --max-worker-restart=0 -q -m "not slow and not ray" tests
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --max-worker-restart=0 -q -m "ray and not slow" tests
+	$(PYTEST) -m "not slow and not ray" tests
+	$(PYTEST) -m "ray and not slow" tests
 
 demo: install
 	$(PY) -m examples.demo
