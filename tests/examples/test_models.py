@@ -14,9 +14,11 @@ if _REPO_ROOT not in sys.path:
 from examples import models  # noqa: E402
 
 
-def _init(width: int, shapes_only: bool = False) -> tuple[models.ResNet1D, dict]:
+def _init(
+  width: int, shapes_only: bool = False, name: str = "resnet1d"
+) -> tuple[models.ResNet1D, dict]:
   """The model and its variables; with ``shapes_only`` their shapes (nothing is computed)."""
-  model = models.create_model("resnet1d", 10, width=width)
+  model = models.create_model(name, 10, width=width)
   init = lambda key, x: model.init(key, x, train=False)
   args = (jax.random.key(0), jnp.zeros((2, 40)))
   return model, jax.eval_shape(init, *args) if shapes_only else init(*args)
@@ -75,8 +77,5 @@ def test_config_builds_the_study_model() -> None:
   config = configs.get_config("mnist1d_resnet1d")
   assert (config.model, config.width, config.per_worker_batch) == ("resnet1d", 8, 8)
   assert config.mnist1d_num_samples == 10_000
-  model = models.create_model(config.model, 10, width=config.width)
-  variables = jax.eval_shape(
-    lambda x: model.init(jax.random.key(0), x, train=False), jnp.zeros((1, 40))
-  )
+  _, variables = _init(config.width, shapes_only=True, name=config.model)
   assert sum(x.size for x in jax.tree.leaves(variables["params"])) == 61_778
