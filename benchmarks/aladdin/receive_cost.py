@@ -19,6 +19,9 @@ a shared machine adds) are printed, with the absolute times as context.
 * ``serve``, the same step for a server loop (x~ read from the state, no copy);
 * ``serve`` on the flattened tree (one contiguous float32 array per message, as a runtime that
   sends one buffer per message has it: one kernel per pass instead of one per leaf);
+* ``serve_flat_verified``: the same with the sender's finiteness verdict (``serve(...,
+  accept=)``), as the Ray shards run it: the worker computes the verdict inside its own jitted
+  step, so the server makes no pass of its own over the message to decide acceptance;
 * the floor: one accumulation ``g~ += g`` alone, and the finiteness check alone.
 
 Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP
@@ -110,6 +113,10 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
   def accumulate_only(grad_sum, grads):
     return jax.tree.map(jnp.add, grad_sum, grads)
 
+  def serve_verified(state, message, worker):
+    grads, verdict = message  # the sender's verdict, computed in its own step
+    return server.serve(state, grads, worker, verdict)
+
   copy = functools.partial(jax.tree.map, jnp.copy)
   worker = jnp.int32(0)
   # name -> (jitted function, its donated state, the message, whether it is a server)
@@ -133,6 +140,12 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
       jax.jit(server.serve, donate_argnums=(0,)),
       server.init(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(params)])),
       flat_grads,
+      True,
+    ),
+    "serve_flat_verified": (
+      jax.jit(serve_verified, donate_argnums=(0,)),
+      server.init(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(params)])),
+      (flat_grads, jnp.asarray(True)),
       True,
     ),
   }
@@ -172,7 +185,7 @@ def report(label: str, shapes, repeats: int, period: int) -> list[str]:
   n_params = sum(int(np.prod(s)) for s in shapes.values())
   lines = [
     f"{label}: {n_params / 1e6:.2f} M params, {len(shapes)} leaves, period {period}",
-    f"  {'':44s} {'best':>9s} {'ratio':>6s}  {'median':>9s} {'ratio':>6s}",
+    f"  {'':48s} {'best':>9s} {'ratio':>6s}  {'median':>9s} {'ratio':>6s}",
   ]
 
   def row(what: str, name_or_times) -> str:
@@ -182,11 +195,11 @@ def report(label: str, shapes, repeats: int, period: int) -> list[str]:
       best, med = name_or_times
     b0, m0 = measured["sgd"]
     return (
-      f"  {what:44s} {best * 1e3:7.3f}ms {best / b0:5.2f}x  {med * 1e3:7.3f}ms {med / m0:5.2f}x"
+      f"  {what:48s} {best * 1e3:7.3f}ms {best / b0:5.2f}x  {med * 1e3:7.3f}ms {med / m0:5.2f}x"
     )
 
   lines.append(row("optax.sgd step (update + apply_updates)", "sgd"))
-  for variant in ("receive", "serve", "serve_flat"):
+  for variant in ("receive", "serve", "serve_flat", "serve_flat_verified"):
     per = [measured[f"{variant}[{k}]"] for k in range(period)]
     if period > 1:
       non_trigger = tuple(float(np.median([p[i] for p in per[:-1]])) for i in range(2))

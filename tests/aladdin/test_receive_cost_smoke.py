@@ -10,7 +10,8 @@ def test_receive_cost_report_runs():
   lines = receive_cost.report("tiny", shapes, repeats=1, period=2)
   text = "\n".join(lines)
   rows = ["optax.sgd step", "receive: non-trigger", "receive: trigger", "amortised over 2"]
-  rows += ["serve: trigger", "serve_flat: non-trigger", "accumulate_only", "check_only"]
+  rows += ["serve: trigger", "serve_flat: non-trigger", "serve_flat_verified: non-trigger"]
+  rows += ["accumulate_only", "check_only"]
   for row in rows:
     assert row in text
   assert len(receive_cost.resnet50_shapes()) == 161

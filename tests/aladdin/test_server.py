@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from optax_lena import aladdin as al
+from optax_lena._src.aladdin.server import all_finite
 from tests.aladdin.reference import ReferenceServer
 
 NUM_WORKERS = 3
@@ -241,3 +242,33 @@ def test_serve_is_receive_without_the_reply_copy():
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
       np.testing.assert_array_equal(x, y)
   assert int(b.num_updates) == 4
+
+
+def test_serve_with_the_senders_verdict_is_receive():
+  # The verdict all_finite(message), computed by the sender, replaces the server's own check:
+  # same states bitwise as receive, rejections included; a False verdict rejects a finite
+  # message the same way (state unchanged but num_rejected).
+  server = al.parameter_server(3, optax.sgd(0.1, momentum=0.9), period=2, alpha=0.5)
+  params = {"w": jnp.arange(4.0), "b": jnp.zeros(2)}
+  receive = jax.jit(server.receive)
+  serve = jax.jit(server.serve, donate_argnums=(0,))
+  verdict = jax.jit(all_finite)
+  a, b = server.init(params), server.init(jax.tree.map(jnp.copy, params))
+  rng = np.random.default_rng(3)
+  for step, worker in enumerate((0, 1, 0, 2, 1, 2, 0, 0, 1, 1)):
+    w = rng.normal(size=4).astype(np.float32)
+    if step in (3, 6):
+      w[step % 4] = np.nan if step == 3 else np.inf
+    g = {"w": jnp.asarray(w), "b": jnp.ones(2)}
+    a, reply = receive(a, g, jnp.int32(worker))
+    b, ready, alpha = serve(b, g, jnp.int32(worker), verdict(g))
+    assert bool(ready) == bool(reply.ready) and float(alpha) == float(reply.alpha)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+      np.testing.assert_array_equal(x, y)
+  assert int(b.num_rejected) == 2 and int(b.num_updates) >= 3
+  before = jax.tree.map(np.array, b)  # copies: b's buffers are donated next
+  b, ready, _ = serve(b, {"w": jnp.ones(4), "b": jnp.ones(2)}, jnp.int32(0), False)
+  assert not bool(ready)
+  expected = before._replace(num_rejected=before.num_rejected + 1)
+  for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_array_equal(x, y)

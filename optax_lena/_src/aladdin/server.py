@@ -73,10 +73,16 @@ class ParameterServer(NamedTuple):
   """A parameter server: ``init(params) -> state``, ``receive(state, grads, worker)``.
 
   The configuration (``num_workers``, ``period``, ``normalise``, ``alpha``) is kept for
-  inspection; ``receive`` and ``serve`` are pure and jittable. ``serve(state, grads, worker)
-  -> (state, ready, alpha)`` is ``receive`` for a server loop that jits it with the state
-  donated: the reply's model is ``state.params`` when ``ready``, so no message pays a copy of x~
-  (a jitted function that returns x~ twice, in the state and in the reply, must copy it).
+  inspection; ``receive`` and ``serve`` are pure and jittable. ``serve(state, grads, worker,
+  accept=None) -> (state, ready, alpha)`` is ``receive`` for a server loop that jits it with
+  the state donated: the reply's model is ``state.params`` when ``ready``, so no message pays a
+  copy of x~ (a jitted function that returns x~ twice, in the state and in the reply, must copy
+  it). ``accept`` is the sender's verdict on the whole message (a bool scalar: every element
+  finite), for a sender that computed it where it made the message, fused into its own step:
+  the server then applies the verdict instead of making a pass of its own over the message
+  (XLA:CPU cannot fuse that reduction with the accumulation it guards). A rejected message
+  leaves the state as ``receive`` leaves it. Pass it only from code that computed it on the
+  exact values sent (the Ray runtime's workers do); ``None``: the server checks.
   """
 
   init: Callable[[PyTree], ServerState]
@@ -85,7 +91,7 @@ class ParameterServer(NamedTuple):
   period: int
   normalise: str
   alpha: str | float
-  serve: Callable[[ServerState, PyTree, Any], tuple[ServerState, jax.Array, jax.Array]]
+  serve: Callable[..., tuple[ServerState, jax.Array, jax.Array]]
 
 
 def adopt(params: PyTree) -> Reply:
@@ -186,8 +192,9 @@ def parameter_server(
 
   Returns:
     A :class:`ParameterServer` with ``init(params) -> ServerState``,
-    ``receive(state, grads, worker) -> (state, Reply)`` and ``serve(state, grads, worker) ->
-    (state, ready, alpha)`` (the same step; x~ is ``state.params``); ``worker`` is a Python int
+    ``receive(state, grads, worker) -> (state, Reply)`` and ``serve(state, grads, worker,
+    accept=None) -> (state, ready, alpha)`` (the same step; x~ is ``state.params``; ``accept``
+    the sender's finiteness verdict, see :class:`ParameterServer`); ``worker`` is a Python int
     or an int32 scalar (traced under ``jit``).
 
   References:
@@ -309,8 +316,9 @@ def build_server(
     )
     return new_state, reply
 
-  def serve_fn(state: ServerState, grads: PyTree, worker: Any):
-    state, reply = receive_accepting(state, grads, worker, None)
+  def serve_fn(state: ServerState, grads: PyTree, worker: Any, accept: Any = None):
+    verdict = None if accept is None else jnp.asarray(accept, bool).reshape(())
+    state, reply = receive_accepting(state, grads, worker, verdict)
     return state, reply.ready, reply.alpha
 
   server = ParameterServer(init_fn, receive_fn, num_workers, period, normalise, alpha, serve_fn)
