@@ -112,6 +112,9 @@ class Config:
     worker_nice: the workers lower their CPU priority by this much (``os.nice``); None: by 5
       when the cluster has fewer CPUs than actors, so that the PS shards, which a real cluster
       gives cores of their own, are not starved by the workers.
+    intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has no
+      more CPUs than actors (the actors' pools would only hand work to threads that wait for a
+      core), else XLA's default (one per core).
   """
 
   algorithm: Any = "aladdin"
@@ -130,6 +133,7 @@ class Config:
   server_gpus: float = 0.0
   deterministic: bool = False
   worker_nice: int | None = None
+  intra_op_threads: int | None = None
 
   def __post_init__(self) -> None:
     from optax_lena._src.aladdin import algorithms
@@ -168,6 +172,8 @@ class Config:
       gpus = getattr(self, name)
       if gpus > 1 and not float(gpus).is_integer():
         raise ValueError(f"Config: {name} above 1 must be a whole number, got {gpus!r}.")
+    if self.intra_op_threads is not None:
+      _positive("intra_op_threads", self.intra_op_threads, integer=True)
     if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:
       raise ValueError(f"Config: worker_nice must be None or in [0, 19], got {self.worker_nice}.")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):

@@ -49,9 +49,12 @@ def _own(tree: Any) -> Any:
 class ServerShard:
   """Shard ``shard`` of the global model (a Ray actor; plain class here)."""
 
-  def __init__(self, shard: int, params: np.ndarray, config: Config):
+  def __init__(self, shard: int, params: np.ndarray, config: Config, threads: int | None = None):
     import jax
 
+    from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+
+    self.threads_limited = limit_intra_op_threads(threads)
     self.shard, self.config = shard, config
     self.size, self.dtype = params.shape[-1], params.dtype
     self.counts = {"received": 0, "calls": 0, "rejected_malformed": 0, "global_updates": 0}
@@ -162,6 +165,7 @@ class ServerShard:
       "shard": self.shard,
       "pid": os.getpid(),
       "nice": os.nice(0),
+      "threads_limited": self.threads_limited,
       **self.counts,
       "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
       "checkpoints": self.num_checkpoints,

@@ -30,6 +30,7 @@ class Worker:
     shards: the PS shard actors (ALADDIN, ASP, EASGD).
     peers: AR-SGD's reducers (one per shard) or SGP's mailbox.
     nice: CPU priority decrease (``os.nice``).
+    threads: XLA's intra-op threads (None: its default).
   """
 
   def __init__(
@@ -40,6 +41,7 @@ class Worker:
     shards: Sequence[Any],
     peers: Sequence[Any],
     nice: int = 0,
+    threads: int | None = None,
   ):
     if 0 < config.worker_gpus < 1:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
@@ -48,6 +50,9 @@ class Worker:
     import jax
     import ray
 
+    from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+
+    self.threads_limited = limit_intra_op_threads(threads)
     if nice:
       os.nice(nice)
     self.index, self.task, self.config = index, task, config
@@ -230,4 +235,5 @@ class Worker:
       "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},
       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
       "nice": os.nice(0),
+      "threads_limited": self.threads_limited,
     }
