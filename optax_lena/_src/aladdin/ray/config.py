@@ -91,14 +91,15 @@ class Config:
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
       started on a directory that holds checkpoints resumes from them.
     checkpoint_every: a shard saves its state every this many global updates.
-    fold: ALADDIN: messages a worker folds into one call to each shard (None: ``period``;
-      1 to ``period``). The server still counts and applies them one by one, in order (Algorithm
-      2 unchanged); folding only saves Ray calls, which cost far more than a small model's
-      message, at the price of the first messages of a fold reaching g~ up to ``fold - 1``
-      steps later (as a slower network would). At most one message of a fold triggers a reply.
+    fold: ALADDIN: messages a worker queues before it makes a call to each shard (None:
+      ``period``; 1 to 4 periods). The server still counts and applies them one by one, in order
+      (Algorithm 2 unchanged), and replies with every global update they triggered; folding only
+      saves Ray calls, which cost far more than a small model's message, at the price of the
+      first messages of a fold reaching g~ up to ``fold - 1`` steps later (as a slower network
+      would).
     max_inflight: unanswered calls per worker and shard; beyond it an ALADDIN worker keeps
-      folding (up to ``period`` messages), and waits only when that fold is full too
-      (back-pressure).
+      folding (up to 4 periods of messages in the next call), and waits only when that fold is
+      full too (back-pressure).
     chunk_seconds: wall time of one worker call scheduled by the driver.
     seed: seeds the workers' data order.
     worker_resources: Ray custom resources every worker actor requires (placement).
@@ -137,7 +138,7 @@ class Config:
 
   def __post_init__(self) -> None:
     from optax_lena._src.aladdin import algorithms
-    from optax_lena._src.aladdin.ray import iterations  # noqa: F401 - attaches Ray's pieces
+    from optax_lena._src.aladdin.ray import iterations  # also attaches Ray's pieces
 
     spec = self.algorithm
     if isinstance(spec, str):
@@ -159,11 +160,11 @@ class Config:
     _positive("max_inflight", self.max_inflight, integer=True)
     if self.fold is not None:
       _positive("fold", self.fold, integer=True)
-      period = getattr(spec, "period", 1)
-      if self.fold > period:
+      limit = iterations.max_fold(algorithms.entry(spec.name).engine("ray"), spec)
+      if self.fold > limit:
         raise ValueError(
-          f"Config: fold={self.fold} exceeds the algorithm's period={period}; fold at most "
-          "period messages per call (one reply per call)."
+          f"Config: fold={self.fold} exceeds the {limit} messages one call may carry "
+          f"({iterations.FOLD_PERIODS} periods of ALADDIN, 1 for the other algorithms)."
         )
     _positive("chunk_seconds", self.chunk_seconds)
     _positive("worker_gpus", self.worker_gpus, zero=True)

@@ -31,8 +31,13 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
   return out, time.perf_counter() - t0
 
 
+# ALADDIN's calls carry up to this many periods of a worker's messages: a worker that outruns
+# its calls folds what it queued into the next one instead of waiting (back-pressure).
+FOLD_PERIODS = 4
+
+
 def max_fold(iteration: type, spec: Any) -> int:
-  """Messages one call may carry (ALADDIN: its period; the others: 1)."""
+  """Messages one call may carry (ALADDIN: ``FOLD_PERIODS`` periods; the others: 1)."""
   return int(getattr(iteration, "max_fold", lambda spec: 1)(spec))
 
 
@@ -92,7 +97,7 @@ class Aladdin(_Served):
 
   @staticmethod
   def max_fold(spec: Any) -> int:
-    return int(spec.period)
+    return FOLD_PERIODS * int(spec.period)
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     w = self.w

@@ -51,6 +51,7 @@ class Worker:
     import ray
 
     from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+    from optax_lena._src.aladdin.worker import worker_merge
 
     self.threads_limited = limit_intra_op_threads(threads)
     if nice:
@@ -60,8 +61,9 @@ class Worker:
     self.layout = FlatLayout(task.init_params, config.ps_shards)
     iteration = algorithms.entry(config.name).engine("ray")
     fold = max_fold(iteration, config.spec)
+    period = min(fold, int(getattr(config.spec, "period", 1)))
     self.outbox = Outbox(
-      index, self.shards, self.layout, config.max_inflight, fold, config.fold or fold
+      index, self.shards, self.layout, config.max_inflight, fold, config.fold or period, period
     )
     context = ray.get_runtime_context()
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
@@ -87,6 +89,13 @@ class Worker:
     first = next(self.batches)  # kept for the first iteration
     self.batches = itertools.chain([first], self.batches)
     self.algorithm.warm_up(first)
+    layout = self.layout
+    self._merge = jax.jit(
+      lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
+    )
+    if iteration.peers == "shards":
+      # Compiled now (result discarded): two replies before one step merge the first outside it.
+      jax.block_until_ready(self._merge(self.params, self.global_flat, self.alphas))
     self.devices = [str(d) for d in jax.local_devices()]
 
   def _fetch_global(self) -> tuple[Any, int]:
@@ -107,22 +116,23 @@ class Worker:
     return pause
 
   def accept(self, calls: list[list[Any]]) -> None:
-    """Keeps the shards' replies of finished calls for the next step's merge. A shard that
+    """Keeps the shards' replies of finished calls for the next step's merge (a call's reply:
+    None, or ``(slices[n], alphas[n])``, its ``n`` global updates in order). A shard that
     replies twice before the next step has its first reply merged at once, so that every reply
     is applied, in order."""
     for replies in calls:
-      if all(r is None for r in replies):
-        continue
-      for s, reply in enumerate(replies):
-        if reply is None:
-          continue
-        if self.pending and self.alphas[s] != 0:
-          self.merge_pending()
-        a, b = self.layout.bounds[s], self.layout.bounds[s + 1]
-        self.global_flat[a:b] = reply[0]
-        self.alphas[s] = reply[1]
-        self.pending = True
-      self.totals["merges"] += 1
+      rounds = max((len(r[1]) for r in replies if r is not None), default=0)
+      for j in range(rounds):
+        for s, reply in enumerate(replies):
+          if reply is None or j >= len(reply[1]):
+            continue
+          if self.pending and self.alphas[s] != 0:
+            self.merge_pending()
+          a, b = self.layout.bounds[s], self.layout.bounds[s + 1]
+          self.global_flat[a:b] = reply[0][j]
+          self.alphas[s] = reply[1][j]
+          self.pending = True
+        self.totals["merges"] += 1
 
   def take_pending(self) -> tuple[np.ndarray, np.ndarray] | None:
     """The replies to merge at the start of the next step (None if none), then forgotten."""
@@ -135,18 +145,9 @@ class Worker:
 
   def merge_pending(self) -> None:
     """Merges what is pending now (Eq. 3), outside a step."""
-    import jax
-
-    from optax_lena._src.aladdin.worker import worker_merge
-
     pending = self.take_pending()
     if pending is None:
       return
-    layout = self.layout
-    if not hasattr(self, "_merge"):
-      self._merge = jax.jit(
-        lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
-      )
     self.params = self._merge(self.params, *pending)
 
   # -- what the driver calls ------------------------------------------------------------------
