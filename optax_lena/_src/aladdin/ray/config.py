@@ -91,12 +91,14 @@ class Config:
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
       started on a directory that holds checkpoints resumes from them.
     checkpoint_every: a shard saves its state every this many global updates.
-    fold: ALADDIN: messages a worker queues before it makes a call to each shard (None:
-      ``period``; 1 to 4 periods). The server still counts and applies them one by one, in order
+    fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 4
+      periods; None: whole periods, as many as the worker's step computes in ``fold_seconds``,
+      timed at start-up). The server still counts and applies them one by one, in order
       (Algorithm 2 unchanged), and replies with every global update they triggered; folding only
       saves Ray calls, which cost far more than a small model's message, at the price of the
       first messages of a fold reaching g~ up to ``fold - 1`` steps later (as a slower network
       would).
+    fold_seconds: the compute time that a default ``fold`` spans (see ``fold``).
     max_inflight: unanswered calls per worker and shard; beyond it an ALADDIN worker keeps
       folding (up to 4 periods of messages in the next call), and waits only when that fold is
       full too (back-pressure).
@@ -125,6 +127,7 @@ class Config:
   checkpoint_dir: str | None = None
   checkpoint_every: int = 50
   fold: int | None = None
+  fold_seconds: float = 0.015
   max_inflight: int = 2
   chunk_seconds: float = 0.5
   seed: int = 0
@@ -158,6 +161,7 @@ class Config:
     for name in ("num_workers", "ps_shards", "checkpoint_every"):
       _positive(name, getattr(self, name), integer=True)
     _positive("max_inflight", self.max_inflight, integer=True)
+    _positive("fold_seconds", self.fold_seconds)
     if self.fold is not None:
       _positive("fold", self.fold, integer=True)
       limit = iterations.max_fold(algorithms.entry(spec.name).engine("ray"), spec)

@@ -89,6 +89,8 @@ class Worker:
     first = next(self.batches)  # kept for the first iteration
     self.batches = itertools.chain([first], self.batches)
     self.algorithm.warm_up(first)
+    if config.fold is None and fold > period:
+      self.outbox.min_fold = self._default_fold(first, period, fold)
     layout = self.layout
     self._merge = jax.jit(
       lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
@@ -97,6 +99,22 @@ class Worker:
       # Compiled now (result discarded): two replies before one step merge the first outside it.
       jax.block_until_ready(self._merge(self.params, self.global_flat, self.alphas))
     self.devices = [str(d) for d in jax.local_devices()]
+
+  def _default_fold(self, batch: Any, period: int, most: int) -> int:
+    """Whole periods of messages, as many as this worker computes in ``config.fold_seconds``
+    (1 period at least, ``most`` messages at most): a Ray call costs the worker and the shard a
+    fixed CPU time that short steps would otherwise pay every period, while the first message of
+    a fold still reaches the shards at most about ``fold_seconds`` later."""
+    import statistics
+
+    from optax_lena._src.aladdin.ray.iterations import _timed
+
+    plain = self.algorithm.plain
+    step = statistics.median(
+      _timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5)
+    )  # results discarded: the model does not move
+    periods = int(self.config.fold_seconds // max(period * step, 1e-9))
+    return period * max(1, min(periods, most // period))
 
   def _fetch_global(self) -> tuple[Any, int]:
     import ray
@@ -231,6 +249,7 @@ class Worker:
       **self.totals,
       "sent": list(self.outbox.sent),
       "calls": self.outbox.calls,
+      "fold": self.outbox.min_fold,
       "node_id": context.get_node_id(),
       "devices": self.devices,
       "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},
