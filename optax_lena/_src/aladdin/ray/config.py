@@ -90,7 +90,8 @@ class Config:
       every iteration, so that its iteration takes ``factor`` times longer.
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
       started on a directory that holds checkpoints resumes from them.
-    checkpoint_every: a shard saves its state every this many global updates.
+    checkpoint_every: a shard saves its state after the call that brings its global updates
+      since the last save to this many (a fold of several periods may make more than one).
     fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 4
       periods; None: whole periods, as many as the worker's step computes in ``fold_seconds``,
       timed at start-up). The server still counts and applies them one by one, in order
