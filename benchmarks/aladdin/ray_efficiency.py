@@ -6,7 +6,7 @@ absolute times):
 * ``single``: the limit of one worker is its local step alone (the same model, batch, optimizer
   and data iterator in a loop in one process, no Ray, no server), measured twice: in this
   process (XLA's default thread pool) and in a child process whose pool has the one thread the
-  runtime gives its actors where they outnumber the cores; the limit is the faster
+  runtime gives its actors where they are at least as many as the cores; the limit is the faster
   of the two. Efficiency = samples/s of ALADDIN on Ray with that one worker / samples/s of the
   limit, alternating the loops and the Ray run ``--repeats`` times per batch size. Also the CPU
   seconds the worker and the shard processes spent per iteration against the limit loop's (what

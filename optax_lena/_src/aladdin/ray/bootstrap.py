@@ -196,13 +196,13 @@ def worker_nice(config: Config, num_actors: int) -> int:
 
 def intra_op_threads(config: Config, num_actors: int) -> int | None:
   """XLA's intra-op threads per actor: ``config.intra_op_threads``, or (None) 1 when the
-  cluster has fewer CPUs than actors, else XLA's default (None: one per core)."""
+  cluster has no more CPUs than actors, else XLA's default (None: one per core)."""
   import ray
 
   if config.intra_op_threads is not None:
     return int(config.intra_op_threads)
   cpus = float(ray.cluster_resources().get("CPU", 0.0))
-  return 1 if num_actors > cpus else None
+  return 1 if num_actors >= cpus else None
 
 
 def limit_intra_op_threads(threads: int | None) -> bool:
