@@ -116,9 +116,9 @@ class Config:
     worker_nice: the workers lower their CPU priority by this much (``os.nice``); None: by 5
       when the cluster has fewer CPUs than actors, so that the PS shards, which a real cluster
       gives cores of their own, are not starved by the workers.
-    intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has fewer
-      CPUs than actors (the actors' pools would only hand work to threads that wait for a core),
-      else XLA's default (one per core).
+    intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has no
+      more CPUs than actors (the actors' pools would only hand work to threads that wait for a
+      core), else XLA's default (one per core).
   """
 
   algorithm: Any = "aladdin"
