@@ -4,10 +4,13 @@ Two measurements, each side by side in one run and repeated (the machine is shar
 absolute times):
 
 * ``single``: the limit of one worker is its local step alone (the same model, batch, optimizer
-  and data iterator in a loop in this process, no Ray, no server). Efficiency = samples/s of
-  ALADDIN on Ray with that one worker / samples/s of that loop, alternating loop and Ray run
-  ``--repeats`` times per batch size. Also the CPU seconds the worker and the shard processes
-  spent per iteration against the loop's (what the shard costs on a machine without spare cores).
+  and data iterator in a loop in one process, no Ray, no server), measured twice: in this
+  process (XLA's default thread pool) and in a child process whose pool has the one thread the
+  runtime gives its actors where they are at least as many as the cores; the limit is the faster
+  of the two. Efficiency = samples/s of ALADDIN on Ray with that one worker / samples/s of the
+  limit, alternating the loops and the Ray run ``--repeats`` times per batch size. Also the CPU
+  seconds the worker and the shard processes spent per iteration against the limit loop's (what
+  the shard costs on a machine without spare cores).
 * ``cluster``: 4 ALADDIN workers and the PS on this machine with the program's default settings
   (``python -m examples.aladdin``: batch 128, the runtime's default priority), against the same
   with the workers at the shards' priority (``worker_nice=0``): each worker's wait and compute
@@ -22,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import time
@@ -58,6 +62,21 @@ def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
   }
 
 
+def _loop_child(conn: Any, batch_size: int, threads: int) -> None:
+  """A loop process with ``threads`` intra-op threads: answers ``seconds`` with a loop's result."""
+  from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+
+  limit_intra_op_threads(threads)
+  from examples.aladdin.main import Options, algorithm_spec
+  from examples.aladdin.task import TaskOptions, build_task
+
+  options = Options(task=TaskOptions(workers=1, batch_size=batch_size))
+  task, _ = build_task(options.task)
+  spec = algorithm_spec("aladdin", options)
+  while (seconds := conn.recv()) is not None:
+    conn.send(local_loop(task, spec, seconds))
+
+
 def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
   """Loop and one Ray worker, alternately, ``repeats`` times; the ratios of each pair."""
   from examples.aladdin.main import Options, algorithm_spec, runtime_config
@@ -68,16 +87,26 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
   task, _ = build_task(options.task)
   spec = algorithm_spec("aladdin", options)
   pairs = []
+  context = multiprocessing.get_context("spawn")
+  conn, child_conn = context.Pipe()
+  child = context.Process(target=_loop_child, args=(child_conn, batch_size, 1), daemon=True)
+  child.start()
   with ad.Runtime(task, runtime_config("aladdin", options)) as runtime:
-    pids = [runtime.worker_infos()[0]["pid"], runtime.shard_stats()[0]["pid"]]
+    info = runtime.worker_infos()[0]
+    pids = [info["pid"], runtime.shard_stats()[0]["pid"]]
     for _ in range(repeats):
-      loop = local_loop(task, spec, seconds)
+      default_loop = local_loop(task, spec, seconds)
+      conn.send(seconds)
+      one_thread = conn.recv()
+      loop = max(default_loop, one_thread, key=lambda r: r["throughput"])
       cpu0 = [_cpu_seconds(p) for p in pids]
       result = runtime.run(seconds, progress=False)
       cpu = [_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
       its = result.iterations[0]
       pairs.append(
         {
+          "loop_default_pool": default_loop["throughput"],
+          "loop_one_thread": one_thread["throughput"],
           "loop": loop["throughput"],
           "ray": result.throughput,
           "efficiency": result.throughput / loop["throughput"],
@@ -91,7 +120,9 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
         }
       )
       print(f"  batch {batch_size}: " + _line(pairs[-1]), flush=True)
-  return {"batch_size": batch_size, "seconds": seconds, "pairs": pairs}
+  conn.send(None)
+  child.join(timeout=30)
+  return {"batch_size": batch_size, "seconds": seconds, "fold": info["fold"], "pairs": pairs}
 
 
 def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True) -> dict[str, Any]:
@@ -136,11 +167,13 @@ def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True
 
 def _line(pair: dict[str, Any]) -> str:
   return (
-    f"loop {pair['loop']:7.0f}  ray {pair['ray']:7.0f} samples/s  efficiency "
+    f"loop {pair['loop_default_pool']:7.0f} / {pair['loop_one_thread']:7.0f} (1 thread)  "
+    f"ray {pair['ray']:7.0f} samples/s  efficiency "
     f"{pair['efficiency']:.2f}  compute {pair['compute_fraction']:.2f}  wait "
     f"{pair['wait_fraction']:.3f}  cpu/it loop {1e3 * pair['loop_cpu_per_iteration']:.2f} ms, "
     f"worker {1e3 * pair['worker_cpu_per_iteration']:.2f}, shard "
-    f"{1e3 * pair['shard_cpu_per_iteration']:.2f}  ({pair['messages_per_call']:.1f} msg/call)"
+    f"{1e3 * pair['shard_cpu_per_iteration']:.2f}  ({pair['messages_per_call']:.1f} msg/call, "
+    f"load {pair['load_average']:.1f})"
   )
 
 
@@ -157,13 +190,16 @@ def table(results: dict[str, Any]) -> str:
     rows.append([
       s["batch_size"],
       stat([x["efficiency"] for x in p]),
+      stat([x["ray"] / x["loop_default_pool"] for x in p]),
       stat([x["compute_fraction"] for x in p]),
       stat([x["worker_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["shard_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["messages_per_call"] for x in p], ".1f"),
+      stat([x["load_average"] for x in p], ".1f"),
     ])  # fmt: skip
-  header = ["batch", "efficiency", "compute fraction", "worker CPU / loop CPU"]
-  header += ["shard CPU / loop CPU", "messages per call"]
+  header = ["batch", "efficiency", "vs default-pool loop", "compute fraction"]
+  header += ["worker CPU / loop CPU"]
+  header += ["shard CPU / loop CPU", "messages per call", "load average"]
   text = harness.markdown_table(header, rows)
   if "cluster" in results:
     cluster_rows = [

@@ -48,30 +48,37 @@ def test_layout_refuses_what_it_cannot_cut() -> None:
     FlatLayout({"i": np.zeros(3, np.int32)}, 1)
 
 
-def test_a_folded_call_is_the_messages_one_by_one() -> None:
-  """k messages in one call leave the state and the reply of k separate receives, rejections
-  (NaN, or the sender's verdict) included."""
+@pytest.mark.parametrize("fold", [4, 7])
+def test_a_folded_call_is_the_messages_one_by_one(fold: int) -> None:
+  """k messages in one call leave the state and the replies of k separate receives, rejections
+  (NaN, or the sender's verdict) included; a fold longer than the period returns every global
+  update it triggered, in order."""
   import optax
 
-  n, period, size = 3, 4, 10
+  n, period, size = 3, 2, 10
   server = al.algorithm("aladdin", worker_tx=optax.sgd(0.1), period=period).server(n)
-  receive = jax.jit(folded_receive(server))
+  receive = jax.jit(folded_receive(server, period))
   rng = np.random.default_rng(1)
-  messages = rng.normal(size=(period, size)).astype(np.float32)
+  messages = rng.normal(size=(fold, size)).astype(np.float32)
   messages[1, 3] = np.nan
-  finite = np.asarray([True, True, False, True])
+  finite = np.ones(fold, bool)
+  finite[2] = False
   one_by_one = folded = server.init(jnp.zeros(size, jnp.float32))
-  for worker in (0, 1, 0):  # 2 accepted per fold: worker 0 triggers in its second fold
+  triggers, most = 0, 0
+  for worker in (0, 1, 0):
     replies = []
-    for row in range(period):
+    for row in range(fold):
       row_msg = messages[row] if finite[row] else messages[row] * np.nan
       one_by_one, reply = server.receive(one_by_one, row_msg, worker)
       replies.append(reply)
-    folded, ready, alpha, params = receive(folded, messages, finite, np.int32(worker))
+    folded, count, alphas, params = receive(folded, messages, finite, np.int32(worker))
     jax.tree.map(np.testing.assert_array_equal, folded, one_by_one)
     triggered = [r for r in replies if bool(r.ready)]
-    assert bool(ready) == bool(triggered) and len(triggered) <= 1
-    if triggered:
-      np.testing.assert_array_equal(params, triggered[0].params)
-      assert float(alpha) == float(triggered[0].alpha)
-  assert int(folded.num_rejected) == 6 and int(folded.num_updates) == 1
+    assert int(count) == len(triggered) <= len(alphas)
+    for j, reply in enumerate(triggered):
+      np.testing.assert_array_equal(params[j], reply.params)
+      assert float(alphas[j]) == float(reply.alpha)
+    triggers, most = triggers + len(triggered), max(most, len(triggered))
+  # Rows 1 (NaN) and 2 (the sender's verdict) are rejected: 5 of 7 accepted trigger 2-3 times.
+  assert int(folded.num_rejected) == 6 and int(folded.num_updates) == triggers
+  assert (most >= 2) == (fold > 2 * period)

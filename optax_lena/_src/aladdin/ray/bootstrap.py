@@ -67,6 +67,13 @@ def _keep_sigterm_handler() -> Iterator[None]:
     ray_utils.set_sigterm_handler = original
 
 
+# A call's arguments above Ray's inline limit (100 KiB by default) go through the object store:
+# a shared-memory object created, sealed, fetched and freed per call, which costs the caller and
+# the shard more CPU than the call itself. A fold of a small model's messages is just above it
+# (4 messages of a 12k-parameter CNN: 190 KiB); below 1 MiB they travel inline in the call.
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
+
+
 def connect(
   address: str | None = None,
   *,
@@ -141,6 +148,7 @@ def connect(
       configure_logging=True,
       logging_level=logging.WARNING,
       _node_ip_address="127.0.0.1",
+      _system_config=LOCAL_SYSTEM_CONFIG,
       **kwargs,
     )
   return True
@@ -184,3 +192,41 @@ def worker_nice(config: Config, num_actors: int) -> int:
     return int(config.worker_nice)
   cpus = float(ray.cluster_resources().get("CPU", 0.0))
   return 5 if num_actors > cpus else 0
+
+
+def intra_op_threads(config: Config, num_actors: int) -> int | None:
+  """XLA's intra-op threads per actor: ``config.intra_op_threads``, or (None) 1 when the
+  cluster has no more CPUs than actors, else XLA's default (None: one per core)."""
+  import ray
+
+  if config.intra_op_threads is not None:
+    return int(config.intra_op_threads)
+  cpus = float(ray.cluster_resources().get("CPU", 0.0))
+  return 1 if num_actors >= cpus else None
+
+
+def limit_intra_op_threads(threads: int | None) -> bool:
+  """Starts this process's JAX CPU backend with ``threads`` intra-op threads; returns whether it
+  did (False: no limit asked, no affinity control, or the backend already started).
+
+  XLA sizes its CPU thread pool by the CPUs this process may run on when the backend starts, and
+  has no flag for it. Where actors outnumber cores, a pool per actor only adds hand-offs between
+  threads that wait for a core (a small step costs more CPU and takes longer), so the backend is
+  started while the process is restricted to ``threads`` CPUs, then every thread of the process
+  gets the full set back: the pool keeps its size and the OS still places its threads freely.
+  """
+  if threads is None or not hasattr(os, "sched_setaffinity"):
+    return False
+  from jax._src import xla_bridge
+
+  full = os.sched_getaffinity(0)
+  if threads >= len(full) or xla_bridge.backends_are_initialized():
+    return False
+  os.sched_setaffinity(0, set(sorted(full)[:threads]))
+  try:
+    xla_bridge.backends()
+  finally:
+    for tid in os.listdir("/proc/self/task"):
+      with contextlib.suppress(OSError):  # a thread that has ended since
+        os.sched_setaffinity(int(tid), full)
+  return True

@@ -90,15 +90,19 @@ class Config:
       every iteration, so that its iteration takes ``factor`` times longer.
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
       started on a directory that holds checkpoints resumes from them.
-    checkpoint_every: a shard saves its state every this many global updates.
-    fold: ALADDIN: messages a worker folds into one call to each shard (None: ``period``;
-      1 to ``period``). The server still counts and applies them one by one, in order (Algorithm
-      2 unchanged); folding only saves Ray calls, which cost far more than a small model's
-      message, at the price of the first messages of a fold reaching g~ up to ``fold - 1``
-      steps later (as a slower network would). At most one message of a fold triggers a reply.
+    checkpoint_every: a shard saves its state after the call that brings its global updates
+      since the last save to this many (a fold of several periods may make more than one).
+    fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 4
+      periods; None: whole periods, as many as the worker's step computes in ``fold_seconds``,
+      timed at start-up). The server still counts and applies them one by one, in order
+      (Algorithm 2 unchanged), and replies with every global update they triggered; folding only
+      saves Ray calls, which cost far more than a small model's message, at the price of the
+      first messages of a fold reaching g~ up to ``fold - 1`` steps later (as a slower network
+      would).
+    fold_seconds: the compute time that a default ``fold`` spans (see ``fold``).
     max_inflight: unanswered calls per worker and shard; beyond it an ALADDIN worker keeps
-      folding (up to ``period`` messages), and waits only when that fold is full too
-      (back-pressure).
+      folding (up to 4 periods of messages in the next call), and waits only when that fold is
+      full too (back-pressure).
     chunk_seconds: wall time of one worker call scheduled by the driver.
     seed: seeds the workers' data order.
     worker_resources: Ray custom resources every worker actor requires (placement).
@@ -112,6 +116,9 @@ class Config:
     worker_nice: the workers lower their CPU priority by this much (``os.nice``); None: by 5
       when the cluster has fewer CPUs than actors, so that the PS shards, which a real cluster
       gives cores of their own, are not starved by the workers.
+    intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has no
+      more CPUs than actors (the actors' pools would only hand work to threads that wait for a
+      core), else XLA's default (one per core).
   """
 
   algorithm: Any = "aladdin"
@@ -121,6 +128,7 @@ class Config:
   checkpoint_dir: str | None = None
   checkpoint_every: int = 50
   fold: int | None = None
+  fold_seconds: float = 0.015
   max_inflight: int = 2
   chunk_seconds: float = 0.5
   seed: int = 0
@@ -130,10 +138,11 @@ class Config:
   server_gpus: float = 0.0
   deterministic: bool = False
   worker_nice: int | None = None
+  intra_op_threads: int | None = None
 
   def __post_init__(self) -> None:
     from optax_lena._src.aladdin import algorithms
-    from optax_lena._src.aladdin.ray import iterations  # noqa: F401 - attaches Ray's pieces
+    from optax_lena._src.aladdin.ray import iterations  # also attaches Ray's pieces
 
     spec = self.algorithm
     if isinstance(spec, str):
@@ -153,13 +162,14 @@ class Config:
     for name in ("num_workers", "ps_shards", "checkpoint_every"):
       _positive(name, getattr(self, name), integer=True)
     _positive("max_inflight", self.max_inflight, integer=True)
+    _positive("fold_seconds", self.fold_seconds)
     if self.fold is not None:
       _positive("fold", self.fold, integer=True)
-      period = getattr(spec, "period", 1)
-      if self.fold > period:
+      limit = iterations.max_fold(algorithms.entry(spec.name).engine("ray"), spec)
+      if self.fold > limit:
         raise ValueError(
-          f"Config: fold={self.fold} exceeds the algorithm's period={period}; fold at most "
-          "period messages per call (one reply per call)."
+          f"Config: fold={self.fold} exceeds the {limit} messages one call may carry "
+          f"({iterations.FOLD_PERIODS} periods of ALADDIN, 1 for the other algorithms)."
         )
     _positive("chunk_seconds", self.chunk_seconds)
     _positive("worker_gpus", self.worker_gpus, zero=True)
@@ -168,6 +178,8 @@ class Config:
       gpus = getattr(self, name)
       if gpus > 1 and not float(gpus).is_integer():
         raise ValueError(f"Config: {name} above 1 must be a whole number, got {gpus!r}.")
+    if self.intra_op_threads is not None:
+      _positive("intra_op_threads", self.intra_op_threads, integer=True)
     if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:
       raise ValueError(f"Config: worker_nice must be None or in [0, 19], got {self.worker_nice}.")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):

@@ -82,11 +82,14 @@ class Runtime:
   def _start_actors(self, ray: Any) -> None:
     task, config = self.task, self.config
     server = bootstrap.actor_options(config, "server")
+    num_actors = config.num_workers + config.ps_shards
+    threads = bootstrap.intra_op_threads(config, num_actors)
     if self.iteration.peers == "shards":
       shard_cls = ray.remote(ServerShard).options(**server)
       params = self.layout.to_vector(task.init_params)
       self.shards = [
-        shard_cls.remote(k, part, config) for k, part in enumerate(self.layout.split(params))
+        shard_cls.remote(k, part, config, threads)
+        for k, part in enumerate(self.layout.split(params))
       ]
     else:
       # A barrier or a mailbox keeps its waiting callers: never restarted mid-round.
@@ -99,7 +102,7 @@ class Runtime:
     nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
     worker_cls = ray.remote(Worker).options(**bootstrap.actor_options(config, "worker"))
     self.workers = [
-      worker_cls.remote(i, task, config, self.shards, self.peers, nice)
+      worker_cls.remote(i, task, config, self.shards, self.peers, nice, threads)
       for i in range(config.num_workers)
     ]
     # Constructors (imports, restores, compilation, first fetch of the global model) finish

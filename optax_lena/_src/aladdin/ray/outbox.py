@@ -31,6 +31,8 @@ class Outbox:
     max_fold: messages in one call; a worker that has this many queued behind
       ``max_inflight`` unanswered calls waits (back-pressure).
     min_fold: messages queued before a call is made (a flush sends fewer).
+    unit: a call of more than ``unit`` messages carries a multiple of it (the rest waits for
+      the next call), so that the shards compile few fold sizes.
   """
 
   def __init__(
@@ -41,10 +43,12 @@ class Outbox:
     max_inflight: int,
     max_fold: int,
     min_fold: int = 1,
+    unit: int = 1,
   ):
     self.worker, self.shards, self.layout = worker, shards, layout
     self.max_inflight, self.max_fold = max_inflight, max_fold
     self.min_fold = min(min_fold, max_fold)
+    self.unit = max(1, min(unit, max_fold))
     self._flushing = False
     self.sent = [0] * len(shards)  # messages (folded ones counted one by one) per shard
     self.calls = 0  # Ray calls per shard
@@ -107,7 +111,10 @@ class Outbox:
             and (len(self._queue) >= self.min_fold or (self._queue and self._flushing))
           )
         )
-        batch, self._queue = self._queue[: self.max_fold], self._queue[self.max_fold :]
+        take = min(len(self._queue), self.max_fold)
+        if take > self.unit:
+          take -= take % self.unit
+        batch, self._queue = self._queue[:take], self._queue[take:]
         self._inflight += 1
         call = self._next_call
         self._next_call += 1

@@ -11,30 +11,43 @@ from typing import Any
 
 import numpy as np
 
+from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray.config import Config
+from optax_lena._src.aladdin.ray.iterations import max_fold
 
 
-def folded_receive(server: Any) -> Any:
-  """``receive(state, messages[k, slice], finite[k], worker) -> (state, ready, alpha, params)``:
+def folded_receive(server: Any, period: int = 1) -> Any:
+  """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
   the algorithm's ``server.receive`` applied to ``k`` messages of one worker in order, exactly
   as ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``: a
   message it rejects is replaced by NaN here, so that every shard's server rejects it (the
-  server's own check covers the shard's slice) and the shards' counters stay equal. Of ``k <=
-  period`` messages of one worker at most one triggers (c_i restarts from 0), and x~ does not
-  change after it, so ``params`` is the reply's."""
+  server's own check covers the shard's slice) and the shards' counters stay equal.
+
+  ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
+  (x~ just after each trigger). A worker triggers at most once every ``period`` of its messages
+  (c_i restarts from 0), so ``ceil(k / period)`` slots hold every reply of the call."""
+  import jax
   import jax.numpy as jnp
 
   def receive(state, messages, finite, worker):
-    ready = jnp.zeros([], bool)
-    alpha = jnp.zeros([], jnp.float32)
+    k = messages.shape[0]
+    slots = -(-k // period)
+    n = jnp.zeros([], jnp.int32)
+    alphas = jnp.zeros([slots], jnp.float32)
     params = None
-    for row in range(messages.shape[0]):
+    for row in range(k):
       message = jnp.where(finite[row], messages[row], jnp.asarray(jnp.nan, messages.dtype))
       state, reply = server.receive(state, message, worker)
-      ready = jnp.logical_or(ready, reply.ready)
-      alpha = jnp.where(reply.ready, reply.alpha, alpha)
-      params = reply.params
-    return state, ready, alpha, params
+      if params is None:
+        params = jnp.zeros((slots, *reply.params.shape), reply.params.dtype)
+      slot = jnp.minimum(n, slots - 1)
+      kept = jax.lax.dynamic_index_in_dim(params, slot, keepdims=False)
+      params = jax.lax.dynamic_update_index_in_dim(
+        params, jnp.where(reply.ready, reply.params, kept), slot, 0
+      )
+      alphas = alphas.at[slot].set(jnp.where(reply.ready, reply.alpha, alphas[slot]))
+      n = n + reply.ready.astype(jnp.int32)
+    return state, n, alphas, params
 
   return receive
 
@@ -49,9 +62,12 @@ def _own(tree: Any) -> Any:
 class ServerShard:
   """Shard ``shard`` of the global model (a Ray actor; plain class here)."""
 
-  def __init__(self, shard: int, params: np.ndarray, config: Config):
+  def __init__(self, shard: int, params: np.ndarray, config: Config, threads: int | None = None):
     import jax
 
+    from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+
+    self.threads_limited = limit_intra_op_threads(threads)
     self.shard, self.config = shard, config
     self.size, self.dtype = params.shape[-1], params.dtype
     self.counts = {"received": 0, "calls": 0, "rejected_malformed": 0, "global_updates": 0}
@@ -59,17 +75,22 @@ class ServerShard:
     self.num_checkpoints = 0
     self.restored_updates = -1
     server = config.spec.server(config.num_workers)
-    self.max_fold = int(getattr(config.spec, "period", 1))
+    period = int(getattr(config.spec, "period", 1))
+    self.max_fold = max_fold(algorithms.entry(config.name).engine("ray"), config.spec)
     # Own buffers for every leaf (an init may share one zero between two counters), which the
     # donation below requires.
     self.state: Any = _own(server.init(jax.numpy.asarray(params)))
     # The state is donated: XLA updates the shard's buffers in place, message after message.
-    self._receive = jax.jit(folded_receive(server), donate_argnums=0)
+    self._receive = jax.jit(folded_receive(server, period), donate_argnums=0)
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
-    # Compiles every fold size before the run's clock starts (result discarded).
-    for k in range(1, self.max_fold + 1):
+    # Compiles the usual fold sizes before the run's clock starts (result discarded): up to a
+    # period (flushes, slow steps) and whole periods (a worker that outran its calls).
+    sizes = sorted(
+      {*range(1, min(period, self.max_fold) + 1), *range(period, self.max_fold + 1, period)}
+    )
+    for k in sizes:
       zeros = np.zeros((k, self.size), self.dtype)
       jax.block_until_ready(self._receive(_own(self.state), zeros, np.zeros(k, bool), np.int32(0)))
 
@@ -79,9 +100,10 @@ class ServerShard:
     shard reject it and their counters stay equal).
 
     Returns:
-      None, or ``(global slice, alpha)`` when a message triggered a reply (ALADDIN's global
-      update, ASP's step, EASGD's exchange: then the worker's new slice). A message of the wrong
-      shape or dtype, or from an unknown worker, is rejected and counted, never applied.
+      None, or ``(global slices[n], alphas[n])`` when ``n`` messages triggered a reply (ALADDIN's
+      global update, ASP's step, EASGD's exchange: then the worker's new slice), in order. A
+      message of the wrong shape or dtype, or from an unknown worker, is rejected and counted,
+      never applied.
     """
     self.counts["calls"] += 1
     messages = np.asarray(messages)
@@ -100,15 +122,16 @@ class ServerShard:
     ):
       self.counts["rejected_malformed"] += k
       return None
-    self.state, ready, alpha, reply = self._receive(self.state, messages, finite, np.int32(worker))
-    if not bool(ready):
+    self.state, n, alphas, params = self._receive(self.state, messages, finite, np.int32(worker))
+    n = int(n)
+    if not n:
       return None
-    self.counts["global_updates"] += 1
-    self.since_checkpoint += 1
-    params = np.array(reply)  # a copy: the state's buffers are donated to the next message
+    self.counts["global_updates"] += n
+    self.since_checkpoint += n
+    params = np.array(params[:n])  # a copy: the state's buffers are donated to the next message
     if self._manager is not None and self.since_checkpoint >= self.config.checkpoint_every:
       self.checkpoint()
-    return params, float(alpha)
+    return params, np.array(alphas[:n])
 
   # -- checkpoints --------------------------------------------------------------------------
 
@@ -162,6 +185,7 @@ class ServerShard:
       "shard": self.shard,
       "pid": os.getpid(),
       "nice": os.nice(0),
+      "threads_limited": self.threads_limited,
       **self.counts,
       "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
       "checkpoints": self.num_checkpoints,

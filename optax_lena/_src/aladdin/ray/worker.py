@@ -30,6 +30,7 @@ class Worker:
     shards: the PS shard actors (ALADDIN, ASP, EASGD).
     peers: AR-SGD's reducers (one per shard) or SGP's mailbox.
     nice: CPU priority decrease (``os.nice``).
+    threads: XLA's intra-op threads (None: its default).
   """
 
   def __init__(
@@ -40,6 +41,7 @@ class Worker:
     shards: Sequence[Any],
     peers: Sequence[Any],
     nice: int = 0,
+    threads: int | None = None,
   ):
     if 0 < config.worker_gpus < 1:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
@@ -48,6 +50,10 @@ class Worker:
     import jax
     import ray
 
+    from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+    from optax_lena._src.aladdin.worker import worker_merge
+
+    self.threads_limited = limit_intra_op_threads(threads)
     if nice:
       os.nice(nice)
     self.index, self.task, self.config = index, task, config
@@ -55,8 +61,9 @@ class Worker:
     self.layout = FlatLayout(task.init_params, config.ps_shards)
     iteration = algorithms.entry(config.name).engine("ray")
     fold = max_fold(iteration, config.spec)
+    period = min(fold, int(getattr(config.spec, "period", 1)))
     self.outbox = Outbox(
-      index, self.shards, self.layout, config.max_inflight, fold, config.fold or fold
+      index, self.shards, self.layout, config.max_inflight, fold, config.fold or period, period
     )
     context = ray.get_runtime_context()
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
@@ -82,7 +89,32 @@ class Worker:
     first = next(self.batches)  # kept for the first iteration
     self.batches = itertools.chain([first], self.batches)
     self.algorithm.warm_up(first)
+    if config.fold is None and fold > period:
+      self.outbox.min_fold = self._default_fold(first, period, fold)
+    layout = self.layout
+    self._merge = jax.jit(
+      lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
+    )
+    if iteration.peers == "shards":
+      # Compiled now (result discarded): two replies before one step merge the first outside it.
+      jax.block_until_ready(self._merge(self.params, self.global_flat, self.alphas))
     self.devices = [str(d) for d in jax.local_devices()]
+
+  def _default_fold(self, batch: Any, period: int, most: int) -> int:
+    """Whole periods of messages, as many as this worker computes in ``config.fold_seconds``
+    (1 period at least, ``most`` messages at most): a Ray call costs the worker and the shard a
+    fixed CPU time that short steps would otherwise pay every period, while the first message of
+    a fold still reaches the shards at most about ``fold_seconds`` later."""
+    import statistics
+
+    from optax_lena._src.aladdin.ray.iterations import _timed
+
+    plain = self.algorithm.plain
+    step = statistics.median(
+      _timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5)
+    )  # results discarded: the model does not move
+    periods = int(self.config.fold_seconds // max(period * step, 1e-9))
+    return period * max(1, min(periods, most // period))
 
   def _fetch_global(self) -> tuple[Any, int]:
     import ray
@@ -102,22 +134,23 @@ class Worker:
     return pause
 
   def accept(self, calls: list[list[Any]]) -> None:
-    """Keeps the shards' replies of finished calls for the next step's merge. A shard that
+    """Keeps the shards' replies of finished calls for the next step's merge (a call's reply:
+    None, or ``(slices[n], alphas[n])``, its ``n`` global updates in order). A shard that
     replies twice before the next step has its first reply merged at once, so that every reply
     is applied, in order."""
     for replies in calls:
-      if all(r is None for r in replies):
-        continue
-      for s, reply in enumerate(replies):
-        if reply is None:
-          continue
-        if self.pending and self.alphas[s] != 0:
-          self.merge_pending()
-        a, b = self.layout.bounds[s], self.layout.bounds[s + 1]
-        self.global_flat[a:b] = reply[0]
-        self.alphas[s] = reply[1]
-        self.pending = True
-      self.totals["merges"] += 1
+      rounds = max((len(r[1]) for r in replies if r is not None), default=0)
+      for j in range(rounds):
+        for s, reply in enumerate(replies):
+          if reply is None or j >= len(reply[1]):
+            continue
+          if self.pending and self.alphas[s] != 0:
+            self.merge_pending()
+          a, b = self.layout.bounds[s], self.layout.bounds[s + 1]
+          self.global_flat[a:b] = reply[0][j]
+          self.alphas[s] = reply[1][j]
+          self.pending = True
+        self.totals["merges"] += 1
 
   def take_pending(self) -> tuple[np.ndarray, np.ndarray] | None:
     """The replies to merge at the start of the next step (None if none), then forgotten."""
@@ -130,18 +163,9 @@ class Worker:
 
   def merge_pending(self) -> None:
     """Merges what is pending now (Eq. 3), outside a step."""
-    import jax
-
-    from optax_lena._src.aladdin.worker import worker_merge
-
     pending = self.take_pending()
     if pending is None:
       return
-    layout = self.layout
-    if not hasattr(self, "_merge"):
-      self._merge = jax.jit(
-        lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
-      )
     self.params = self._merge(self.params, *pending)
 
   # -- what the driver calls ------------------------------------------------------------------
@@ -225,9 +249,11 @@ class Worker:
       **self.totals,
       "sent": list(self.outbox.sent),
       "calls": self.outbox.calls,
+      "fold": self.outbox.min_fold,
       "node_id": context.get_node_id(),
       "devices": self.devices,
       "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},
       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
       "nice": os.nice(0),
+      "threads_limited": self.threads_limited,
     }
