@@ -16,18 +16,47 @@ from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.ray.iterations import max_fold
 
 
+def receive_with_verdict(server: Any) -> Any:
+  """``receive(state, message, verdict, worker) -> (state, Reply)``: the algorithm's server
+  given the sender's verdict on the whole message (every element finite), so that a NaN in
+  another shard's slice makes every shard reject the message and their counters stay equal. The
+  shard checks its own slice too: a message sent with a wrong verdict is still rejected.
+  ALADDIN's server takes the combined verdict as ``serve(..., accept=)`` (one pass over the
+  message for the check, none to poison it); the others get the message replaced by NaN when
+  the sender rejected it."""
+  import jax.numpy as jnp
+
+  from optax_lena._src.aladdin.server import ParameterServer, Reply, all_finite
+
+  if isinstance(server, ParameterServer):
+
+    def serve(state, message, verdict, worker):
+      accept = jnp.logical_and(verdict, all_finite(message))
+      state, ready, alpha = server.serve(state, message, worker, accept)
+      return state, Reply(ready, state.params, alpha)
+
+    return serve
+
+  def check(state, message, verdict, worker):
+    message = jnp.where(verdict, message, jnp.asarray(jnp.nan, message.dtype))
+    return server.receive(state, message, worker)
+
+  return check
+
+
 def folded_receive(server: Any, period: int = 1) -> Any:
   """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
-  the algorithm's ``server.receive`` applied to ``k`` messages of one worker in order, exactly
-  as ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``: a
-  message it rejects is replaced by NaN here, so that every shard's server rejects it (the
-  server's own check covers the shard's slice) and the shards' counters stay equal.
+  the algorithm's server applied to ``k`` messages of one worker in order, exactly as ``k``
+  separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``
+  (:func:`receive_with_verdict`).
 
   ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
   (x~ just after each trigger). A worker triggers at most once every ``period`` of its messages
   (c_i restarts from 0), so ``ceil(k / period)`` slots hold every reply of the call."""
   import jax
   import jax.numpy as jnp
+
+  receive_one = receive_with_verdict(server)
 
   def receive(state, messages, finite, worker):
     k = messages.shape[0]
@@ -36,8 +65,7 @@ def folded_receive(server: Any, period: int = 1) -> Any:
     alphas = jnp.zeros([slots], jnp.float32)
     params = None
     for row in range(k):
-      message = jnp.where(finite[row], messages[row], jnp.asarray(jnp.nan, messages.dtype))
-      state, reply = server.receive(state, message, worker)
+      state, reply = receive_one(state, messages[row], finite[row], worker)
       if params is None:
         params = jnp.zeros((slots, *reply.params.shape), reply.params.dtype)
       slot = jnp.minimum(n, slots - 1)
