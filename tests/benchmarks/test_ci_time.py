@@ -23,6 +23,7 @@ def test_plugin_records_wall_and_cpu_of_every_test(tmp_path: Path) -> None:
   )
   out = tmp_path / "times"
   env = dict(os.environ, CI_TIME_OUT=str(out), PYTHONPATH=str(HERE))
+  env.pop("PYTEST_XDIST_WORKER", None)  # set when this test runs in an xdist worker
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "pytest_times", "-p", "no:cacheprovider"]
   subprocess.run([*cmd, "test_toy.py"], cwd=tmp_path, env=env, check=True, capture_output=True)
   records = measure.load_records(out)
