@@ -19,9 +19,10 @@ a shared machine adds) are printed, with the absolute times as context.
 * ``serve``, the same step for a server loop (x~ read from the state, no copy);
 * ``serve`` on the flattened tree (one contiguous float32 array per message, as a runtime that
   sends one buffer per message has it: one kernel per pass instead of one per leaf);
-* ``serve_flat_verified``: the same with the sender's finiteness verdict (``serve(...,
-  accept=)``), as the Ray shards run it: the worker computes the verdict inside its own jitted
-  step, so the server makes no pass of its own over the message to decide acceptance;
+* ``serve_flat_verified``: the same with a trusted sender's finiteness verdict (``serve(...,
+  accept=)``): the sender computes the verdict inside its own jitted step, so the server makes
+  no pass of its own over the message to decide acceptance (the Ray shards still check their
+  slice, so they pay the ``serve_flat`` rows);
 * the floor: one accumulation ``g~ += g`` alone, and the finiteness check alone.
 
 Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP

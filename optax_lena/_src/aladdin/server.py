@@ -82,7 +82,8 @@ class ParameterServer(NamedTuple):
   the server then applies the verdict instead of making a pass of its own over the message
   (XLA:CPU cannot fuse that reduction with the accumulation it guards). A rejected message
   leaves the state as ``receive`` leaves it. Pass it only from code that computed it on the
-  exact values sent (the Ray runtime's workers do); ``None``: the server checks.
+  exact values sent (the Ray shards pass their workers' verdict combined with their own
+  check of the slice); ``None``: the server checks.
   """
 
   init: Callable[[PyTree], ServerState]
@@ -118,6 +119,22 @@ def all_finite(tree: PyTree) -> jax.Array:
   if not sums:
     return jnp.asarray(True)
   return jnp.isfinite(jnp.sum(jnp.stack(sums)))
+
+
+def run_once_if(flag: jax.Array, fn: Callable[..., tuple], operands: tuple) -> tuple:
+  """``fn(*operands)`` when ``flag`` (a bool scalar), else ``operands``, as a loop of zero or
+  one iteration rather than ``lax.cond`` or ``jnp.where``: XLA updates loop-carried buffers in
+  place, so what is not touched is passed through without a pass over it, where XLA:CPU copies
+  the operands that ``lax.cond`` passes through (measured: 3.1x vs 1.3x an ``optax.sgd`` step
+  per non-triggering message)."""
+
+  def body(carry):
+    return (carry[0] + 1, *fn(*carry[1:]))
+
+  out = jax.lax.while_loop(
+    lambda carry: carry[0] < flag.astype(jnp.int32), body, (jnp.int32(0), *operands)
+  )
+  return tuple(out[1:])
 
 
 def merge_weight(alpha: str | float, count: jax.Array, num_workers: int, period: int) -> jax.Array:
@@ -279,21 +296,8 @@ def build_server(
       zeros = jax.tree.map(lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), grad_sum)
       return params, opt_state, zeros
 
-    # Loops that run zero times or once, rather than lax.cond or jnp.where: XLA updates
-    # loop-carried buffers in place, so what a message does not touch is passed through without
-    # a pass over it (a rejected message costs only the finiteness check, an accumulation does
-    # not read x~, a trigger adds its gradient in the step's own pass), where XLA:CPU copies the
-    # operands that lax.cond passes through (measured: 3.1x vs 1.3x an optax.sgd step per
-    # non-triggering message).
-    def run_once_if(flag, fn, operands):
-      def body(carry):
-        return (carry[0] + 1, *fn(*carry[1:]))
-
-      out = jax.lax.while_loop(
-        lambda carry: carry[0] < flag.astype(jnp.int32), body, (jnp.int32(0), *operands)
-      )
-      return out[1:]
-
+    # Zero-or-one-trip loops (run_once_if): a rejected message costs only the finiteness check,
+    # an accumulation does not read x~, a trigger adds its gradient in the step's own pass.
     (grad_sum,) = run_once_if(accept & ~trigger, lambda s: (accumulate(s),), (state.grad_sum,))
     params, opt_state, grad_sum = run_once_if(
       trigger, global_update, (state.params, state.opt_state, grad_sum)

@@ -23,7 +23,7 @@ from optax_lena._src.aladdin import algorithms
 Stats = dict[str, float]
 
 
-def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+def timed(fn: Any, *args: Any) -> tuple[Any, float]:
   import jax
 
   t0 = time.perf_counter()
@@ -67,8 +67,8 @@ class _Served:
 
   def warm_up(self, batch: Any) -> None:
     w = self.w
-    _timed(self.plain, w.params, w.opt_state, batch)
-    _timed(self.merging, w.params, w.opt_state, batch, w.global_flat, w.alphas)
+    timed(self.plain, w.params, w.opt_state, batch)
+    timed(self.merging, w.params, w.opt_state, batch, w.global_flat, w.alphas)
 
   def step(self) -> tuple[np.ndarray, bool, float]:
     """The next step (merging what is pending); returns the message, its finiteness and the
@@ -190,14 +190,14 @@ class ArSgd:
 
   def warm_up(self, batch: Any) -> None:
     w = self.w
-    (flat, _, _), _ = _timed(self.gradient, w.params, batch)
-    _timed(self.apply, w.params, w.opt_state, flat)
+    (flat, _, _), _ = timed(self.gradient, w.params, batch)
+    timed(self.apply, w.params, w.opt_state, flat)
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     import ray
 
     w = self.w
-    (flat, _, w.last_loss), compute = _timed(self.gradient, w.params, next(w.batches))
+    (flat, _, w.last_loss), compute = timed(self.gradient, w.params, next(w.batches))
     sleep = w.sleep_for(compute)
     parts = w.layout.split(np.asarray(flat))
     t0 = time.perf_counter()
@@ -242,9 +242,9 @@ class Sgp:
 
   def warm_up(self, batch: Any) -> None:
     w = self.w
-    (x, weight, _, flat, _), _ = _timed(self.step, w.params, self.weight, w.opt_state, batch)
-    _timed(self.mix, x, weight, flat, weight)
-    _timed(self.debias, x, weight)
+    (x, weight, _, flat, _), _ = timed(self.step, w.params, self.weight, w.opt_state, batch)
+    timed(self.mix, x, weight, flat, weight)
+    timed(self.debias, x, weight)
 
   def _receive(self, deadline: float | None) -> tuple[bool, float]:
     """Mixes the awaited message; False if the deadline came first."""
@@ -271,7 +271,7 @@ class Sgp:
     if not mixed:
       return {"compute_s": 0.0, "sleep_s": 0.0, "wait_s": wait, "skipped": 1.0}
     k = w.iteration
-    (w.params, self.weight, w.opt_state, flat, w.last_loss), compute = _timed(
+    (w.params, self.weight, w.opt_state, flat, w.last_loss), compute = timed(
       self.step, w.params, self.weight, w.opt_state, next(w.batches)
     )
     sleep = w.sleep_for(compute)

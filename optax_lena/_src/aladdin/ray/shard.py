@@ -56,6 +56,8 @@ def folded_receive(server: Any, period: int = 1) -> Any:
   import jax
   import jax.numpy as jnp
 
+  from optax_lena._src.aladdin.server import run_once_if
+
   receive_one = receive_with_verdict(server)
 
   def receive(state, messages, finite, worker):
@@ -69,9 +71,11 @@ def folded_receive(server: Any, period: int = 1) -> Any:
       if params is None:
         params = jnp.zeros((slots, *reply.params.shape), reply.params.dtype)
       slot = jnp.minimum(n, slots - 1)
-      kept = jax.lax.dynamic_index_in_dim(params, slot, keepdims=False)
-      params = jax.lax.dynamic_update_index_in_dim(
-        params, jnp.where(reply.ready, reply.params, kept), slot, 0
+      # Written only when the message triggered: no pass over the slots for the others.
+      (params,) = run_once_if(
+        reply.ready,
+        lambda p, x=reply.params, i=slot: (jax.lax.dynamic_update_index_in_dim(p, x, i, 0),),
+        (params,),
       )
       alphas = alphas.at[slot].set(jnp.where(reply.ready, reply.alpha, alphas[slot]))
       n = n + reply.ready.astype(jnp.int32)

@@ -107,11 +107,11 @@ class Worker:
     a fold still reaches the shards at most about ``fold_seconds`` later."""
     import statistics
 
-    from optax_lena._src.aladdin.ray.iterations import _timed
+    from optax_lena._src.aladdin.ray.iterations import timed
 
     plain = self.algorithm.plain
     step = statistics.median(
-      _timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5)
+      timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5)
     )  # results discarded: the model does not move
     periods = int(self.config.fold_seconds // max(period * step, 1e-9))
     return period * max(1, min(periods, most // period))
