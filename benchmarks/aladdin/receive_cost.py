@@ -21,8 +21,12 @@ a shared machine adds) are printed, with the absolute times as context.
   sends one buffer per message has it: one kernel per pass instead of one per leaf);
 * ``serve_flat_verified``: the same with a trusted sender's finiteness verdict (``serve(...,
   accept=)``): the sender computes the verdict inside its own jitted step, so the server makes
-  no pass of its own over the message to decide acceptance (the Ray shards still check their
-  slice, so they pay the ``serve_flat`` rows);
+  no pass of its own over the message to decide acceptance;
+* ``shard_fold``: the exact compiled call of a Ray PS shard (``folded_receive``) on one period
+  of one worker's messages (``period`` messages in one call, the last one triggering, its reply
+  written to the call's output), per message: the shard applies the worker's verdict; and
+  ``shard_fold_recheck``, the same with ``Config(recheck_messages=True)`` (the shard checks its
+  slice too);
 * the floor: one accumulation ``g~ += g`` alone, and the finiteness check alone.
 
 Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP
@@ -53,6 +57,7 @@ import numpy as np
 import optax
 
 from optax_lena import aladdin as al
+from optax_lena._src.aladdin.ray.shard import folded_receive
 from optax_lena._src.aladdin.server import all_finite
 
 
@@ -120,6 +125,9 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
 
   copy = functools.partial(jax.tree.map, jnp.copy)
   worker = jnp.int32(0)
+  flat_params = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(params)])
+  # The Ray shard's own compiled call: one period of one worker's messages, folded.
+  fold = (jnp.broadcast_to(flat_grads, (period, flat_grads.size)), jnp.ones([period], bool))
   # name -> (jitted function, its donated state, the message, whether it is a server)
   candidates: dict[str, tuple[Any, Any, Any, bool]] = {
     "sgd": (jax.jit(sgd_step, donate_argnums=(0, 1)), None, grads, False),
@@ -150,6 +158,14 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
       True,
     ),
   }
+  for name, recheck in (("shard_fold", False), ("shard_fold_recheck", True)):
+    receive = folded_receive(server, period, recheck=recheck)
+    candidates[name] = (
+      jax.jit(lambda state, msgs, r=receive: r(state, *msgs, worker), donate_argnums=(0,)),
+      server.init(jnp.copy(flat_params)),
+      fold,
+      False,
+    )
   sgd_state = (copy(params), tx.init(params))
   states = {name: c[1] for name, c in candidates.items()}
   states["sgd"] = sgd_state
@@ -174,6 +190,11 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
           out, t = timed(fn, states[name], message, worker)
           states[name] = out[0]
           assert bool(out[1] if name != "receive" else out[1].ready) == (k == period - 1)
+        elif name.startswith("shard_fold"):
+          out, t = timed(fn, states[name], message)
+          states[name] = out[0]
+          assert int(out[1]) == 1  # the period's last message triggered
+          t /= period  # per message
         else:
           states[name], t = timed(fn, states[name], message)
         if record:
@@ -208,6 +229,8 @@ def report(label: str, shapes, repeats: int, period: int) -> list[str]:
     lines.append(row(f"{variant}: trigger message", per[-1]))
     amortised = tuple(float(np.mean([p[i] for p in per])) for i in range(2))
     lines.append(row(f"{variant}: amortised over {period} messages", amortised))
+  lines.append(row("Ray shard's call, one period folded: per message", "shard_fold"))
+  lines.append(row("  the same with recheck_messages=True", "shard_fold_recheck"))
   lines.append(row("accumulate_only (g~ += g, the floor)", "accumulate_only"))
   lines.append(row("check_only (the finiteness check alone)", "check_only"))
   return lines

@@ -272,3 +272,52 @@ def test_serve_with_the_senders_verdict_is_receive():
   expected = before._replace(num_rejected=before.num_rejected + 1)
   for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(expected), strict=True):
     np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+  "normalise, alpha, server_momentum",
+  [("mean_of_locals", 0.3, None), ("mean", "count", 0.9), ("sum", "count", None)],
+)
+def test_serve_many_is_the_messages_one_by_one(normalise, alpha, server_momentum):
+  """``serve_many`` on each run of one worker's consecutive messages (up to 7, so that a call
+  holds up to 3 triggers) against the float64 reference fed the same messages one by one; one
+  message is refused by its sender's verdict and one holds a NaN (in a call without a verdict:
+  the server's own check)."""
+  period = 3
+  params = make_params()
+  tx = optax.sgd(LR, momentum=server_momentum)
+  server = al.parameter_server(NUM_WORKERS, tx, period=period, normalise=normalise, alpha=alpha)
+  ref = ReferenceServer(
+    params, num_workers=NUM_WORKERS, lr=LR, momentum=server_momentum, period=period,
+    normalise=normalise, alpha=alpha,
+  )  # fmt: skip
+  serve_many = jax.jit(server.serve_many)
+  state = server.init(jax.tree.map(jnp.asarray, params))
+  grads = make_grads(len(ORDER))
+  grads[4]["w"][1, 2] = np.nan
+  runs = [(0, 7), (7, 8), (8, 9), (9, 12), (12, 14), (14, 20), (20, 21), (21, 30)]
+  triggers = 0
+  for start, stop in runs:
+    worker = 0 if start == 21 else ORDER[start]  # the last run: worker 0 sends 9 messages
+    stacked = jax.tree.map(lambda *g: jnp.stack(g), *grads[start:stop])
+    verdict = np.asarray([bool(all_finite(g)) and i != 10 for i, g in enumerate(grads)])
+    accept = None if start == 0 else verdict[start:stop]
+    state, n, alphas, replies = serve_many(state, stacked, jnp.int32(worker), accept)
+    expected = []
+    for i in range(start, stop):
+      message = grads[i] if verdict[i] else jax.tree.map(lambda g: g * np.nan, grads[i])
+      ready, ref_params, ref_alpha = ref.receive(message, worker)
+      if ready:
+        expected.append((ref_params, ref_alpha))
+    assert int(n) == len(expected) <= len(alphas)
+    for j, (ref_params, ref_alpha) in enumerate(expected):
+      np.testing.assert_allclose(float(alphas[j]), ref_alpha, rtol=1e-6, atol=1e-7)
+      assert_tree_close(jax.tree.map(lambda r, j=j: r[j], replies), ref_params)
+    assert_tree_close(state.params, ref.params)
+    assert_tree_close(state.grad_sum, ref.acc)
+    assert int(state.count) == ref.count
+    assert state.worker_counts.tolist() == ref.worker_counts
+    assert int(state.num_updates) == ref.num_updates
+    assert int(state.num_rejected) == ref.num_rejected
+    triggers += len(expected)
+  assert triggers >= 5 and ref.num_rejected == 2

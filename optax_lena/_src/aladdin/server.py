@@ -82,8 +82,14 @@ class ParameterServer(NamedTuple):
   the server then applies the verdict instead of making a pass of its own over the message
   (XLA:CPU cannot fuse that reduction with the accumulation it guards). A rejected message
   leaves the state as ``receive`` leaves it. Pass it only from code that computed it on the
-  exact values sent (the Ray shards pass their workers' verdict combined with their own
-  check of the slice); ``None``: the server checks.
+  exact values sent (the Ray workers compute it in their step); ``None``: the server checks.
+  ``serve_many(state, messages, worker, accept=None) -> (state, n, alphas, replies)`` is ``k``
+  calls of ``serve`` in order, for ``k`` messages of one worker stacked on a leading axis
+  (``accept``: ``k`` verdicts): the ``n`` global updates they triggered are ``alphas[:n]`` and
+  ``replies[:n]`` (x~ after each). A worker triggers at most once in any ``period`` of its
+  messages, so the triggers are known from the counters before any pass over the messages, and
+  each block of ``period`` messages is added in order in one fused pass (a block with a trigger
+  adds the step and the reset) instead of one pass per message.
   """
 
   init: Callable[[PyTree], ServerState]
@@ -93,6 +99,7 @@ class ParameterServer(NamedTuple):
   normalise: str
   alpha: str | float
   serve: Callable[..., tuple[ServerState, jax.Array, jax.Array]]
+  serve_many: Callable[..., tuple[ServerState, jax.Array, jax.Array, PyTree]]
 
 
 def adopt(params: PyTree) -> Reply:
@@ -211,8 +218,9 @@ def parameter_server(
     A :class:`ParameterServer` with ``init(params) -> ServerState``,
     ``receive(state, grads, worker) -> (state, Reply)`` and ``serve(state, grads, worker,
     accept=None) -> (state, ready, alpha)`` (the same step; x~ is ``state.params``; ``accept``
-    the sender's finiteness verdict, see :class:`ParameterServer`); ``worker`` is a Python int
-    or an int32 scalar (traced under ``jit``).
+    the sender's finiteness verdict, see :class:`ParameterServer`) and ``serve_many`` (``k``
+    messages of one worker in one call); ``worker`` is a Python int or an int32 scalar (traced
+    under ``jit``).
 
   References:
     Ko et al., ALADDIN, CIKM 2021: Algorithm 2 (server), Algorithm 1 (worker), Eq. 3 (merge),
@@ -325,5 +333,115 @@ def build_server(
     state, reply = receive_accepting(state, grads, worker, verdict)
     return state, reply.ready, reply.alpha
 
-  server = ParameterServer(init_fn, receive_fn, num_workers, period, normalise, alpha, serve_fn)
+  def serve_many_fn(state: ServerState, messages: PyTree, worker: Any, accept: Any = None):
+    if not isinstance(state, ServerState):
+      raise TypeError(
+        f"state must be the ServerState returned by init or receive, got {type(state).__name__}."
+      )
+    checks.check_worker(worker, num_workers)
+    k = jax.tree.leaves(messages)[0].shape[0]
+    checks.check_like_params(
+      jax.tree.map(lambda m: m[0], messages), state.params, "messages[i]", _GRADS_FIX
+    )
+    if accept is None:
+      accept = jnp.stack(
+        [all_finite(jax.tree.map(lambda m, r=r: m[r], messages)) for r in range(k)]
+      )
+    worker = jnp.asarray(worker)
+    in_range = (worker >= 0) & (worker < num_workers)
+    index = jnp.clip(worker, 0, num_workers - 1).astype(jnp.int32)
+    accept = jnp.asarray(accept, bool).reshape(k) & in_range
+    accepted = jnp.cumsum(accept.astype(jnp.int32))  # accepted rows up to row r, r included
+    # c_i restarts from 0 at each trigger, so row r triggers when c_i + accepted[r] reaches a
+    # multiple of the period: the triggers are known before any pass over the messages, and any
+    # `period` consecutive rows hold at most one.
+    first = state.worker_counts[index]
+    trig = accept & ((first + accepted) % period == 0)
+
+    def add_rows(grad_sum, rows, take):
+      # Row by row, in order, as separate messages would be; a select rather than adding zeros
+      # keeps g~ bitwise (-0.0 + 0.0 is +0.0).
+      for row in rows:
+        grad_sum = jax.tree.map(
+          lambda s, m, row=row: jnp.where(take[row], s + m[row].astype(s.dtype), s),
+          grad_sum,
+          messages,
+        )
+      return grad_sum
+
+    def block_step(carry, rows):
+      """The rows of one block of ``period`` messages: at most one of them triggers."""
+      params, opt_state, grad_sum, replies, alphas, count, worker_count, n = carry
+      here = jnp.isin(jnp.arange(k), jnp.asarray(rows))
+      triggers = trig & here
+      triggered = jnp.any(triggers)
+      t = jnp.argmax(triggers)  # the trigger row, when there is one
+      taken = jnp.sum(accept & here)
+      up_to_t = accept & here & (jnp.arange(k) <= t)
+      count_t = count + jnp.sum(up_to_t)
+      denominator = {"sum": None, "mean": count_t, "mean_of_locals": num_workers}[normalise]
+
+      def global_update(params, opt_state, grad_sum, replies):
+        # As the trigger's own serve: g~ with the rows before it, then its gradient added in
+        # the step's pass, g~ reset from the sum before it, and the rows after it.
+        before = add_rows(grad_sum, rows, accept & (jnp.arange(k) < t))
+        # The trigger's gradient added in the same pass, read from g~ (not a slice of the
+        # messages at t, which XLA would copy out before the loop).
+        total = add_rows(grad_sum, rows, accept & (jnp.arange(k) <= t))
+
+        def normalised(s, p):
+          if denominator is not None:
+            s = s / jnp.asarray(denominator, s.dtype)
+          return s.astype(p.dtype)
+
+        step = jax.tree.map(normalised, total, params)
+        updates, opt_state = server_tx.update(step, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        zeros = jax.tree.map(lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), before)
+        grad_sum = add_rows(zeros, rows, accept & (jnp.arange(k) > t))
+        replies = jax.tree.map(
+          lambda out, x: jax.lax.dynamic_update_index_in_dim(out, x, n, 0), replies, params
+        )
+        return params, opt_state, grad_sum, replies
+
+      (grad_sum,) = run_once_if(~triggered, lambda s: (add_rows(s, rows, accept),), (grad_sum,))
+      params, opt_state, grad_sum, replies = run_once_if(
+        triggered, global_update, (params, opt_state, grad_sum, replies)
+      )
+      after = (taken - jnp.sum(up_to_t)).astype(jnp.int32)
+      weight = merge_weight(alpha, count_t, num_workers, period)
+      alphas = alphas.at[n].set(jnp.where(triggered, weight, alphas[n]))
+      count = jnp.where(triggered, after, count + taken).astype(jnp.int32)
+      worker_count = jnp.where(triggered, after, worker_count + taken).astype(jnp.int32)
+      n = n + triggered.astype(jnp.int32)
+      return params, opt_state, grad_sum, replies, alphas, count, worker_count, n
+
+    slots = -(-k // period)
+    carry = (
+      state.params,
+      state.opt_state,
+      state.grad_sum,
+      jax.tree.map(lambda p: jnp.zeros((slots, *jnp.shape(p)), p.dtype), state.params),
+      jnp.zeros([slots], jnp.float32),
+      state.count,
+      first,
+      jnp.zeros([], jnp.int32),
+    )
+    for block in range(slots):
+      carry = block_step(carry, tuple(range(block * period, min(k, (block + 1) * period))))
+    params, opt_state, grad_sum, replies, alphas, count, worker_count, n = carry
+    new_state = ServerState(
+      params=params,
+      opt_state=opt_state,
+      grad_sum=grad_sum,
+      count=count,
+      worker_counts=state.worker_counts.at[index].set(worker_count),
+      num_rejected=state.num_rejected + (k - jnp.sum(accept)).astype(jnp.int32),
+      num_updates=state.num_updates + n,
+    )
+    return new_state, n, alphas, replies
+
+  server = ParameterServer(
+    init_fn, receive_fn, num_workers, period, normalise, alpha, serve_fn, serve_many_fn
+  )
   return server, receive_accepting

@@ -115,12 +115,14 @@ def test_bad_messages_are_rejected_counted_and_never_applied(
     before = runtime.global_params()
     size = runtime.layout.size
     good = np.ones((1, size), np.float32)
-    yes = np.ones(1, bool)
+    yes, no = np.ones(1, bool), np.zeros(1, bool)
     replies = ray.get(
       [
-        shard.receive.remote(0, good * np.nan, yes),
-        shard.receive.remote(0, good + np.inf, yes),
-        shard.receive.remote(1, good, np.zeros(1, bool)),  # the sender found a NaN elsewhere
+        # A worker's verdict, computed in its step on the whole message (the shard trusts it;
+        # Config(recheck_messages=True) checks too: test_shard.py).
+        shard.receive.remote(0, good * np.nan, no),
+        shard.receive.remote(0, good + np.inf, no),
+        shard.receive.remote(1, good, no),  # the sender found a NaN in another shard's slice
         shard.receive.remote(0, np.ones((1, size + 1), np.float32), yes),  # wrong size
         shard.receive.remote(0, good.astype(np.float64), yes),  # wrong dtype
         shard.receive.remote(7, good, yes),  # no such worker

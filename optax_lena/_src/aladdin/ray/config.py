@@ -119,6 +119,11 @@ class Config:
     intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has no
       more CPUs than actors (the actors' pools would only hand work to threads that wait for a
       core), else XLA's default (one per core).
+    recheck_messages: the PS shards also check every slice they receive for NaN and Inf. A
+      worker decides whether its message is finite inside the compiled step that makes it, on
+      the exact values it sends, and every shard applies that verdict (no pass of its own);
+      recheck where other code than this runtime's workers calls the shards, at the cost of one
+      pass over every message.
   """
 
   algorithm: Any = "aladdin"
@@ -139,6 +144,7 @@ class Config:
   deterministic: bool = False
   worker_nice: int | None = None
   intra_op_threads: int | None = None
+  recheck_messages: bool = False
 
   def __post_init__(self) -> None:
     from optax_lena._src.aladdin import algorithms
@@ -180,6 +186,8 @@ class Config:
         raise ValueError(f"Config: {name} above 1 must be a whole number, got {gpus!r}.")
     if self.intra_op_threads is not None:
       _positive("intra_op_threads", self.intra_op_threads, integer=True)
+    if not isinstance(self.recheck_messages, bool):
+      raise ValueError(f"Config: recheck_messages must be a bool, got {self.recheck_messages!r}.")
     if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:
       raise ValueError(f"Config: worker_nice must be None or in [0, 19], got {self.worker_nice}.")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):

@@ -16,14 +16,17 @@ from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.ray.iterations import max_fold
 
 
-def receive_with_verdict(server: Any) -> Any:
+def receive_with_verdict(server: Any, recheck: bool = False) -> Any:
   """``receive(state, message, verdict, worker) -> (state, Reply)``: the algorithm's server
   given the sender's verdict on the whole message (every element finite), so that a NaN in
-  another shard's slice makes every shard reject the message and their counters stay equal. The
-  shard checks its own slice too: a message sent with a wrong verdict is still rejected.
-  ALADDIN's server takes the combined verdict as ``serve(..., accept=)`` (one pass over the
-  message for the check, none to poison it); the others get the message replaced by NaN when
-  the sender rejected it."""
+  another shard's slice makes every shard reject the message and their counters stay equal.
+
+  ALADDIN's server applies the verdict as ``serve(..., accept=)``: the worker computed it inside
+  the compiled step that produced the message, on the exact values it sends, so the shard makes
+  no pass of its own to decide acceptance. ``recheck``: the shard also checks its slice, so that
+  a message sent with a wrong verdict (by code other than this runtime's worker) is still
+  rejected, at the cost of that pass. The other servers get the message replaced by NaN when
+  the sender rejected it, and check it themselves."""
   import jax.numpy as jnp
 
   from optax_lena._src.aladdin.server import ParameterServer, Reply, all_finite
@@ -31,7 +34,7 @@ def receive_with_verdict(server: Any) -> Any:
   if isinstance(server, ParameterServer):
 
     def serve(state, message, verdict, worker):
-      accept = jnp.logical_and(verdict, all_finite(message))
+      accept = jnp.logical_and(verdict, all_finite(message)) if recheck else verdict
       state, ready, alpha = server.serve(state, message, worker, accept)
       return state, Reply(ready, state.params, alpha)
 
@@ -44,21 +47,32 @@ def receive_with_verdict(server: Any) -> Any:
   return check
 
 
-def folded_receive(server: Any, period: int = 1) -> Any:
+def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
   """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
   the algorithm's server applied to ``k`` messages of one worker in order, exactly as ``k``
   separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``
-  (:func:`receive_with_verdict`).
+  (:func:`receive_with_verdict`; ``recheck``: the shard checks its slices too).
 
   ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
   (x~ just after each trigger). A worker triggers at most once every ``period`` of its messages
-  (c_i restarts from 0), so ``ceil(k / period)`` slots hold every reply of the call."""
+  (c_i restarts from 0), so ``ceil(k / period)`` slots hold every reply of the call. ALADDIN's
+  server takes the whole fold at once (``serve_many``: one pass over the messages per period);
+  the other servers, one message at a time."""
   import jax
   import jax.numpy as jnp
 
-  from optax_lena._src.aladdin.server import run_once_if
+  from optax_lena._src.aladdin.server import ParameterServer, all_finite, run_once_if
 
-  receive_one = receive_with_verdict(server)
+  if isinstance(server, ParameterServer):
+
+    def serve_many(state, messages, finite, worker):
+      if recheck:
+        finite = finite & jnp.stack([all_finite(m) for m in messages])
+      return server.serve_many(state, messages, worker, finite)
+
+    return serve_many
+
+  receive_one = receive_with_verdict(server, recheck)
 
   def receive(state, messages, finite, worker):
     k = messages.shape[0]
@@ -113,7 +127,8 @@ class ServerShard:
     # donation below requires.
     self.state: Any = _own(server.init(jax.numpy.asarray(params)))
     # The state is donated: XLA updates the shard's buffers in place, message after message.
-    self._receive = jax.jit(folded_receive(server, period), donate_argnums=0)
+    receive = folded_receive(server, period, recheck=config.recheck_messages)
+    self._receive = jax.jit(receive, donate_argnums=0)
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
