@@ -85,8 +85,9 @@ class ParameterServer(NamedTuple):
   exact values sent (the Ray workers compute it in their step); ``None``: the server checks.
   ``serve_many(state, messages, worker, accept=None) -> (state, n, alphas, replies)`` is ``k``
   calls of ``serve`` in order, for ``k`` messages of one worker stacked on a leading axis
-  (``accept``: ``k`` verdicts): the ``n`` global updates they triggered are ``alphas[:n]`` and
-  ``replies[:n]`` (x~ after each). A worker triggers at most once in any ``period`` of its
+  (``accept``: ``k`` verdicts): the same values (only the sign of a zero in the reset g~ may
+  differ), and the ``n`` global updates they triggered are ``alphas[:n]`` and ``replies[:n]``
+  (x~ after each). A worker triggers at most once in any ``period`` of its
   messages, so the triggers are known from the counters before any pass over the messages, and
   each block of ``period`` messages is added in order in one fused pass (a block with a trigger
   adds the step and the reset) instead of one pass per message.
@@ -360,7 +361,7 @@ def build_server(
 
     def add_rows(grad_sum, rows, take):
       # Row by row, in order, as separate messages would be; a select rather than adding zeros
-      # keeps g~ bitwise (-0.0 + 0.0 is +0.0).
+      # keeps a rejected row's NaN out of g~ and leaves g~'s bits as they are.
       for row in rows:
         grad_sum = jax.tree.map(
           lambda s, m, row=row: jnp.where(take[row], s + m[row].astype(s.dtype), s),
@@ -382,11 +383,9 @@ def build_server(
       denominator = {"sum": None, "mean": count_t, "mean_of_locals": num_workers}[normalise]
 
       def global_update(params, opt_state, grad_sum, replies):
-        # As the trigger's own serve: g~ with the rows before it, then its gradient added in
-        # the step's pass, g~ reset from the sum before it, and the rows after it.
-        before = add_rows(grad_sum, rows, accept & (jnp.arange(k) < t))
-        # The trigger's gradient added in the same pass, read from g~ (not a slice of the
-        # messages at t, which XLA would copy out before the loop).
+        # g~ with the block's rows up to the trigger, added in the step's own pass (not a slice
+        # of the messages at t, which XLA would copy out before the loop); then g~ restarts
+        # from zeros with the rows after it.
         total = add_rows(grad_sum, rows, accept & (jnp.arange(k) <= t))
 
         def normalised(s, p):
@@ -397,11 +396,21 @@ def build_server(
         step = jax.tree.map(normalised, total, params)
         updates, opt_state = server_tx.update(step, opt_state, params)
         params = optax.apply_updates(params, updates)
-        zeros = jax.tree.map(lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), before)
-        grad_sum = add_rows(zeros, rows, accept & (jnp.arange(k) > t))
-        replies = jax.tree.map(
-          lambda out, x: jax.lax.dynamic_update_index_in_dim(out, x, n, 0), replies, params
+        # Zeros computed from g~ as serve computes them (written in place; only the sign of a
+        # zero may differ from serve's, which takes it from the sum just before the trigger).
+        zeros = jax.tree.map(
+          lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), grad_sum
         )
+        after_t = accept & (jnp.arange(k) > t)
+        # Rows after the trigger are rare (a rejected message shifts it): no pass over the
+        # block's messages without them.
+        (grad_sum,) = run_once_if(
+          jnp.any(after_t), lambda z: (add_rows(z, rows, after_t),), (zeros,)
+        )
+        if replies is not None:
+          replies = jax.tree.map(
+            lambda out, x: jax.lax.dynamic_update_index_in_dim(out, x, n, 0), replies, params
+          )
         return params, opt_state, grad_sum, replies
 
       (grad_sum,) = run_once_if(~triggered, lambda s: (add_rows(s, rows, accept),), (grad_sum,))
@@ -421,7 +430,10 @@ def build_server(
       state.params,
       state.opt_state,
       state.grad_sum,
-      jax.tree.map(lambda p: jnp.zeros((slots, *jnp.shape(p)), p.dtype), state.params),
+      # One block: its reply is x~ after the call (no slots to fill).
+      None
+      if slots == 1
+      else jax.tree.map(lambda p: jnp.zeros((slots, *jnp.shape(p)), p.dtype), state.params),
       jnp.zeros([slots], jnp.float32),
       state.count,
       first,
@@ -430,6 +442,8 @@ def build_server(
     for block in range(slots):
       carry = block_step(carry, tuple(range(block * period, min(k, (block + 1) * period))))
     params, opt_state, grad_sum, replies, alphas, count, worker_count, n = carry
+    if replies is None:
+      replies = jax.tree.map(lambda p: p[None], params)
     new_state = ServerState(
       params=params,
       opt_state=opt_state,

@@ -49,8 +49,8 @@ def receive_with_verdict(server: Any, recheck: bool = False) -> Any:
 
 def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
   """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
-  the algorithm's server applied to ``k`` messages of one worker in order, exactly as ``k``
-  separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``
+  the algorithm's server applied to ``k`` messages of one worker in order, with the values of
+  ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``
   (:func:`receive_with_verdict`; ``recheck``: the shard checks its slices too).
 
   ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
