@@ -32,6 +32,18 @@ def make_grads(num):
   ]
 
 
+def server_and_reference(normalise, alpha, server_momentum, period=3):
+  """The parameters, the server and the float64 reference with the same options."""
+  params = make_params()
+  tx = optax.sgd(LR, momentum=server_momentum)
+  server = al.parameter_server(NUM_WORKERS, tx, period=period, normalise=normalise, alpha=alpha)
+  ref = ReferenceServer(
+    params, num_workers=NUM_WORKERS, lr=LR, momentum=server_momentum, period=period,
+    normalise=normalise, alpha=alpha,
+  )  # fmt: skip
+  return params, server, ref
+
+
 def assert_tree_close(tree, ref, rtol=1e-5, atol=1e-6):
   for k in ref:
     np.testing.assert_allclose(np.asarray(tree[k], np.float64), ref[k], rtol=rtol, atol=atol)
@@ -41,14 +53,7 @@ def assert_tree_close(tree, ref, rtol=1e-5, atol=1e-6):
 @pytest.mark.parametrize("alpha", ["count", "n_pi", 0.3])
 @pytest.mark.parametrize("normalise", ["sum", "mean", "mean_of_locals"])
 def test_server_matches_float64_reference(normalise, alpha, server_momentum):
-  period = 3
-  params = make_params()
-  tx = optax.sgd(LR, momentum=server_momentum)
-  server = al.parameter_server(NUM_WORKERS, tx, period=period, normalise=normalise, alpha=alpha)
-  ref = ReferenceServer(
-    params, num_workers=NUM_WORKERS, lr=LR, momentum=server_momentum, period=period,
-    normalise=normalise, alpha=alpha,
-  )  # fmt: skip
+  params, server, ref = server_and_reference(normalise, alpha, server_momentum)
   receive = jax.jit(server.receive)
   state = server.init(jax.tree.map(jnp.asarray, params))
   num_ready = 0
@@ -283,14 +288,7 @@ def test_serve_many_is_the_messages_one_by_one(normalise, alpha, server_momentum
   holds up to 3 triggers) against the float64 reference fed the same messages one by one; one
   message is refused by its sender's verdict and one holds a NaN (in a call without a verdict:
   the server's own check)."""
-  period = 3
-  params = make_params()
-  tx = optax.sgd(LR, momentum=server_momentum)
-  server = al.parameter_server(NUM_WORKERS, tx, period=period, normalise=normalise, alpha=alpha)
-  ref = ReferenceServer(
-    params, num_workers=NUM_WORKERS, lr=LR, momentum=server_momentum, period=period,
-    normalise=normalise, alpha=alpha,
-  )  # fmt: skip
+  params, server, ref = server_and_reference(normalise, alpha, server_momentum)
   serve_many = jax.jit(server.serve_many)
   state = server.init(jax.tree.map(jnp.asarray, params))
   grads = make_grads(len(ORDER))
