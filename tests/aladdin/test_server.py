@@ -319,3 +319,12 @@ def test_serve_many_is_the_messages_one_by_one(normalise, alpha, server_momentum
     assert int(state.num_rejected) == ref.num_rejected
     triggers += len(expected)
   assert triggers >= 5 and ref.num_rejected == 2
+
+
+def test_serve_many_names_the_stacking_it_needs():
+  server = al.parameter_server(2, optax.sgd(LR), period=2)
+  state = server.init({"w": jnp.zeros(3)})
+  with pytest.raises(ValueError, match="leading axis"):
+    server.serve_many(state, {"w": jnp.zeros((0, 3))}, 0)
+  with pytest.raises(ValueError, match="shape"):
+    server.serve_many(state, {"w": jnp.zeros((2, 4))}, 0)

@@ -340,7 +340,13 @@ def build_server(
         f"state must be the ServerState returned by init or receive, got {type(state).__name__}."
       )
     checks.check_worker(worker, num_workers)
-    k = jax.tree.leaves(messages)[0].shape[0]
+    shapes = [jnp.shape(m) for m in jax.tree.leaves(messages)]
+    k = shapes[0][0] if shapes and shapes[0] else 0
+    if k < 1 or any(not s or s[0] != k for s in shapes):
+      raise ValueError(
+        "serve_many takes k >= 1 messages of one worker stacked on a leading axis of every leaf "
+        f"(jax.tree.map(lambda *g: jnp.stack(g), *grads)), got leaves of shapes {shapes}."
+      )
     checks.check_like_params(
       jax.tree.map(lambda m: m[0], messages), state.params, "messages[i]", _GRADS_FIX
     )
