@@ -118,8 +118,34 @@ def train(temp_dir: str, seconds: float) -> int:
   return 0
 
 
+def slow_stop(temp_dir: str) -> int:
+  """SIGTERM to itself while connected, then a clean-up longer than the 3 s after which Ray's
+  crash handler would abort the process (what a loaded machine's shutdown can take)."""
+  import os
+  import signal
+
+  from optax_lena._src.aladdin.ray.signals import StopSignals
+
+  signals = StopSignals()  # before Ray installs its crash handler, as ad.Runtime does
+  ad.connect(num_cpus=1, temp_dir=temp_dir)
+  try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10.0)
+    return 1  # the signal was lost
+  except ad.Interrupted as err:
+    time.sleep(4.0)
+    import ray
+
+    ray.shutdown()
+    signals.restore()
+    print("stopped after a slow clean-up", file=sys.stderr, flush=True)
+    return err.exit_code
+
+
 def main() -> int:
   try:
+    if sys.argv[1] == "slow_stop":
+      return slow_stop(sys.argv[2])
     if sys.argv[1] == "multinode":
       multinode(sys.argv[2])
       return 0

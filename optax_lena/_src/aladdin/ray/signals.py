@@ -23,6 +23,21 @@ from optax_lena._src.aladdin.ray.config import Interrupted
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def disarm_crash_alarm(signum: int) -> None:
+  """After SIGTERM: cancels the abort that Ray's C++ crash handler armed for it.
+
+  Ray installs absl's failure-signal handler in the driver; it sees SIGTERM before Python does,
+  prints a stack trace, arms ``alarm(3)`` with SIGALRM set to abort (meant for a crash that
+  hangs) and passes the signal on. Left armed, a clean shutdown that takes longer than 3 s (a
+  loaded machine) ends in SIGABRT instead of exit code 143. SIGALRM gets back the handler
+  Python knows of (the default unless the program set one)."""
+  if signum != signal.SIGTERM or threading.current_thread() is not threading.main_thread():
+    return
+  signal.alarm(0)
+  handler = signal.getsignal(signal.SIGALRM)
+  signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)
+
+
 class StopSignals:
   """Installs the handlers (main thread only; elsewhere it does nothing) until :meth:`restore`."""
 
@@ -36,6 +51,7 @@ class StopSignals:
       self._previous[signum] = signal.signal(signum, self._handle)
 
   def _handle(self, signum: int, frame: Any) -> None:
+    disarm_crash_alarm(signum)
     if self.received is None:
       self.received = signum
     if not self._defer:
@@ -68,6 +84,7 @@ def exit_on_stop_signals() -> None:
   KeyboardInterrupt`` handles both and the program can exit with ``exit_code`` (143 / 130)."""
 
   def handle(signum: int, frame: Any) -> None:
+    disarm_crash_alarm(signum)
     raise Interrupted(signum)
 
   for signum in SIGNALS:
