@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_lena._src.aladdin import checks
@@ -145,6 +146,12 @@ def run_once_if(flag: jax.Array, fn: Callable[..., tuple], operands: tuple) -> t
   return tuple(out[1:])
 
 
+def zeros_in_place(tree: PyTree) -> PyTree:
+  """Zeros computed from ``tree`` (not ``zeros_like``): a fusion that reads g~ writes them into
+  its buffer in place, where a broadcast constant is a new buffer copied into the loop carry."""
+  return jax.tree.map(lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), tree)
+
+
 def merge_weight(alpha: str | float, count: jax.Array, num_workers: int, period: int) -> jax.Array:
   """alpha_i of Algorithm 2 ("count"), Section 3.2 ("n_pi") or a fixed float (float32)."""
   if alpha == "count":
@@ -262,21 +269,38 @@ def build_server(
       num_updates=jnp.zeros([], jnp.int32),
     )
 
+  def worker_slot(state: ServerState, worker: Any) -> tuple[jax.Array, jax.Array]:
+    """Checks the state and the worker; (worker in range, its clipped index)."""
+    if not isinstance(state, ServerState):
+      raise TypeError(
+        f"state must be the ServerState returned by init or receive, got {type(state).__name__}."
+      )
+    checks.check_worker(worker, num_workers)
+    worker = jnp.asarray(worker)
+    in_range = (worker >= 0) & (worker < num_workers)
+    return in_range, jnp.clip(worker, 0, num_workers - 1).astype(jnp.int32)
+
+  def server_step(params, opt_state, total, count):
+    """x~ <- x~ + server_tx(normalise(g~)), ``count`` the c~ of this global update."""
+    denominator = {"sum": None, "mean": count, "mean_of_locals": num_workers}[normalise]
+
+    def normalised(s, p):
+      if denominator is not None:
+        s = s / jnp.asarray(denominator, s.dtype)
+      return s.astype(p.dtype)
+
+    step = jax.tree.map(normalised, total, params)
+    updates, opt_state = server_tx.update(step, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
   def receive_fn(state: ServerState, grads: PyTree, worker: Any) -> tuple[ServerState, Reply]:
     return receive_accepting(state, grads, worker, None)
 
   def receive_accepting(
     state: ServerState, grads: PyTree, worker: Any, accept: jax.Array | None
   ) -> tuple[ServerState, Reply]:
-    if not isinstance(state, ServerState):
-      raise TypeError(
-        f"state must be the ServerState returned by init or receive, got {type(state).__name__}."
-      )
-    checks.check_worker(worker, num_workers)
+    in_range, index = worker_slot(state, worker)
     checks.check_like_params(grads, state.params, "grads", _GRADS_FIX)
-    worker = jnp.asarray(worker)
-    in_range = (worker >= 0) & (worker < num_workers)
-    index = jnp.clip(worker, 0, num_workers - 1).astype(jnp.int32)
     if accept is None:
       accept = all_finite(grads)
     accept = accept & in_range
@@ -285,25 +309,13 @@ def build_server(
     count = state.count + 1
     trigger = accept & (worker_count >= period)
 
-    denominator = {"sum": None, "mean": count, "mean_of_locals": num_workers}[normalise]
-
     def accumulate(grad_sum):
       return jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
 
     def global_update(params, opt_state, grad_sum):
-      def normalised(s, p):
-        if denominator is not None:
-          s = s / jnp.asarray(denominator, s.dtype)
-        return s.astype(p.dtype)
-
       # The triggering gradient is added here, in the same pass as the step.
-      step = jax.tree.map(normalised, accumulate(grad_sum), params)
-      updates, opt_state = server_tx.update(step, opt_state, params)
-      params = optax.apply_updates(params, updates)
-      # Zeros computed from g~ (not zeros_like): a fusion that reads g~ writes them into its
-      # buffer in place, where a broadcast constant is a new buffer copied into the loop carry.
-      zeros = jax.tree.map(lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), grad_sum)
-      return params, opt_state, zeros
+      params, opt_state = server_step(params, opt_state, accumulate(grad_sum), count)
+      return params, opt_state, zeros_in_place(grad_sum)
 
     # Zero-or-one-trip loops (run_once_if): a rejected message costs only the finiteness check,
     # an accumulation does not read x~, a trigger adds its gradient in the step's own pass.
@@ -335,11 +347,7 @@ def build_server(
     return state, reply.ready, reply.alpha
 
   def serve_many_fn(state: ServerState, messages: PyTree, worker: Any, accept: Any = None):
-    if not isinstance(state, ServerState):
-      raise TypeError(
-        f"state must be the ServerState returned by init or receive, got {type(state).__name__}."
-      )
-    checks.check_worker(worker, num_workers)
+    in_range, index = worker_slot(state, worker)
     shapes = [jnp.shape(m) for m in jax.tree.leaves(messages)]
     k = shapes[0][0] if shapes and shapes[0] else 0
     if k < 1 or any(not s or s[0] != k for s in shapes):
@@ -354,9 +362,6 @@ def build_server(
       accept = jnp.stack(
         [all_finite(jax.tree.map(lambda m, r=r: m[r], messages)) for r in range(k)]
       )
-    worker = jnp.asarray(worker)
-    in_range = (worker >= 0) & (worker < num_workers)
-    index = jnp.clip(worker, 0, num_workers - 1).astype(jnp.int32)
     accept = jnp.asarray(accept, bool).reshape(k) & in_range
     accepted = jnp.cumsum(accept.astype(jnp.int32))  # accepted rows up to row r, r included
     # c_i restarts from 0 at each trigger, so row r triggers when c_i + accepted[r] reaches a
@@ -364,6 +369,7 @@ def build_server(
     # `period` consecutive rows hold at most one.
     first = state.worker_counts[index]
     trig = accept & ((first + accepted) % period == 0)
+    position = np.arange(k)
 
     def add_rows(grad_sum, rows, take):
       # Row by row, in order, as separate messages would be; a select rather than adding zeros
@@ -379,35 +385,24 @@ def build_server(
     def block_step(carry, rows):
       """The rows of one block of ``period`` messages: at most one of them triggers."""
       params, opt_state, grad_sum, replies, alphas, count, worker_count, n = carry
-      here = jnp.isin(jnp.arange(k), jnp.asarray(rows))
+      here = np.isin(position, rows)
       triggers = trig & here
       triggered = jnp.any(triggers)
       t = jnp.argmax(triggers)  # the trigger row, when there is one
       taken = jnp.sum(accept & here)
-      up_to_t = accept & here & (jnp.arange(k) <= t)
+      up_to_t = accept & here & (position <= t)
       count_t = count + jnp.sum(up_to_t)
-      denominator = {"sum": None, "mean": count_t, "mean_of_locals": num_workers}[normalise]
 
       def global_update(params, opt_state, grad_sum, replies):
         # g~ with the block's rows up to the trigger, added in the step's own pass (not a slice
         # of the messages at t, which XLA would copy out before the loop); then g~ restarts
         # from zeros with the rows after it.
-        total = add_rows(grad_sum, rows, accept & (jnp.arange(k) <= t))
-
-        def normalised(s, p):
-          if denominator is not None:
-            s = s / jnp.asarray(denominator, s.dtype)
-          return s.astype(p.dtype)
-
-        step = jax.tree.map(normalised, total, params)
-        updates, opt_state = server_tx.update(step, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        # Zeros computed from g~ as serve computes them (written in place; only the sign of a
-        # zero may differ from serve's, which takes it from the sum just before the trigger).
-        zeros = jax.tree.map(
-          lambda s: jnp.where(jnp.isfinite(s), s * 0, 0).astype(s.dtype), grad_sum
-        )
-        after_t = accept & (jnp.arange(k) > t)
+        total = add_rows(grad_sum, rows, accept & (position <= t))
+        params, opt_state = server_step(params, opt_state, total, count_t)
+        # Only the sign of a zero may differ from serve's reset, which takes it from the sum
+        # just before the trigger.
+        zeros = zeros_in_place(grad_sum)
+        after_t = accept & (position > t)
         # Rows after the trigger are rare (a rejected message shifts it): no pass over the
         # block's messages without them.
         (grad_sum,) = run_once_if(

@@ -16,42 +16,15 @@ from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.ray.iterations import max_fold
 
 
-def receive_with_verdict(server: Any, recheck: bool = False) -> Any:
-  """``receive(state, message, verdict, worker) -> (state, Reply)``: the algorithm's server
-  given the sender's verdict on the whole message (every element finite), so that a NaN in
-  another shard's slice makes every shard reject the message and their counters stay equal.
-
-  ALADDIN's server applies the verdict as ``serve(..., accept=)``: the worker computed it inside
-  the compiled step that produced the message, on the exact values it sends, so the shard makes
-  no pass of its own to decide acceptance. ``recheck``: the shard also checks its slice, so that
-  a message sent with a wrong verdict (by code other than this runtime's worker) is still
-  rejected, at the cost of that pass. The other servers get the message replaced by NaN when
-  the sender rejected it, and check it themselves."""
-  import jax.numpy as jnp
-
-  from optax_lena._src.aladdin.server import ParameterServer, Reply, all_finite
-
-  if isinstance(server, ParameterServer):
-
-    def serve(state, message, verdict, worker):
-      accept = jnp.logical_and(verdict, all_finite(message)) if recheck else verdict
-      state, ready, alpha = server.serve(state, message, worker, accept)
-      return state, Reply(ready, state.params, alpha)
-
-    return serve
-
-  def check(state, message, verdict, worker):
-    message = jnp.where(verdict, message, jnp.asarray(jnp.nan, message.dtype))
-    return server.receive(state, message, worker)
-
-  return check
-
-
 def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
   """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
   the algorithm's server applied to ``k`` messages of one worker in order, with the values of
-  ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``
-  (:func:`receive_with_verdict`; ``recheck``: the shard checks its slices too).
+  ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``, so
+  that a NaN in another shard's slice makes every shard reject the message and their counters
+  stay equal. ALADDIN's server applies it as it is: the worker computed it inside the compiled
+  step that made the message, on the exact values it sends (``recheck``: the shard checks its
+  slices too, so that a message sent with a wrong verdict by other code is still rejected). The
+  other servers get a rejected message as NaN, and check every message themselves.
 
   ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
   (x~ just after each trigger). A worker triggers at most once every ``period`` of its messages
@@ -72,8 +45,6 @@ def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
 
     return serve_many
 
-  receive_one = receive_with_verdict(server, recheck)
-
   def receive(state, messages, finite, worker):
     k = messages.shape[0]
     slots = -(-k // period)
@@ -81,7 +52,8 @@ def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
     alphas = jnp.zeros([slots], jnp.float32)
     params = None
     for row in range(k):
-      state, reply = receive_one(state, messages[row], finite[row], worker)
+      message = jnp.where(finite[row], messages[row], jnp.asarray(jnp.nan, messages.dtype))
+      state, reply = server.receive(state, message, worker)
       if params is None:
         params = jnp.zeros((slots, *reply.params.shape), reply.params.dtype)
       slot = jnp.minimum(n, slots - 1)
