@@ -4,11 +4,13 @@ Two measurements, each side by side in one run and repeated (the machine is shar
 absolute times):
 
 * ``single``: the limit of one worker is its local step alone (the same model, batch, optimizer
-  and data iterator in a loop in one process, no Ray, no server), measured twice: in this
-  process (XLA's default thread pool) and in a child process whose pool has the one thread the
-  runtime gives its actors where they are at least as many as the cores; the limit is the faster
-  of the two. Efficiency = samples/s of ALADDIN on Ray with that one worker / samples/s of the
-  limit, alternating the loops and the Ray run ``--repeats`` times per batch size. Also the CPU
+  and data iterator in a loop in one process, no Ray, no server), measured three times: in this
+  process (XLA's default thread pool), and in a child process whose pool has the one thread the
+  runtime gives its actors where they are at least as many as the cores, first free to move
+  between cores, then with every thread on one core (as the runtime pins a worker's step); the
+  limit is the fastest of the three. Efficiency = samples/s of ALADDIN on Ray with that one
+  worker / samples/s of the limit, alternating the loops and the Ray run ``--repeats`` times per
+  batch size. Also the CPU
   seconds the worker and the shard processes spent per iteration against the limit loop's (what
   the shard costs on a machine without spare cores).
 * ``cluster``: 4 ALADDIN workers and the PS on this machine with the program's default settings
@@ -63,17 +65,22 @@ def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
 
 
 def _loop_child(conn: Any, batch_size: int, threads: int) -> None:
-  """A loop process with ``threads`` intra-op threads: answers ``seconds`` with a loop's result."""
-  from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+  """A loop process with ``threads`` intra-op threads: answers ``(seconds, pinned)`` with a
+  loop's result, every thread of the process on its first ``threads`` cores if ``pinned``."""
+  from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads, thread_ids
 
   limit_intra_op_threads(threads)
+  cpus = sorted(os.sched_getaffinity(0))
   from examples.aladdin.main import Options, algorithm_spec
   from examples.aladdin.task import TaskOptions, build_task
 
   options = Options(task=TaskOptions(workers=1, batch_size=batch_size))
   task, _ = build_task(options.task)
   spec = algorithm_spec("aladdin", options)
-  while (seconds := conn.recv()) is not None:
+  while (request := conn.recv()) is not None:
+    seconds, pinned = request
+    for tid in thread_ids():
+      os.sched_setaffinity(tid, cpus[:threads] if pinned else cpus)
     conn.send(local_loop(task, spec, seconds))
 
 
@@ -96,9 +103,11 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
     pids = [info["pid"], runtime.shard_stats()[0]["pid"]]
     for _ in range(repeats):
       default_loop = local_loop(task, spec, seconds)
-      conn.send(seconds)
+      conn.send((seconds, False))
       one_thread = conn.recv()
-      loop = max(default_loop, one_thread, key=lambda r: r["throughput"])
+      conn.send((seconds, True))
+      pinned = conn.recv()
+      loop = max(default_loop, one_thread, pinned, key=lambda r: r["throughput"])
       cpu0 = [_cpu_seconds(p) for p in pids]
       result = runtime.run(seconds, progress=False)
       cpu = [_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
@@ -107,10 +116,12 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
         {
           "loop_default_pool": default_loop["throughput"],
           "loop_one_thread": one_thread["throughput"],
+          "loop_pinned": pinned["throughput"],
           "loop": loop["throughput"],
           "ray": result.throughput,
           "efficiency": result.throughput / loop["throughput"],
           "compute_fraction": result.compute_fraction[0],
+          "worker_cores": info["cores"],
           "wait_fraction": result.wait_fraction[0],
           "loop_cpu_per_iteration": loop["cpu_per_iteration"],
           "worker_cpu_per_iteration": cpu[0] / its,
@@ -167,7 +178,8 @@ def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True
 
 def _line(pair: dict[str, Any]) -> str:
   return (
-    f"loop {pair['loop_default_pool']:7.0f} / {pair['loop_one_thread']:7.0f} (1 thread)  "
+    f"loop {pair['loop_default_pool']:7.0f} / {pair['loop_one_thread']:7.0f} (1 thread) / "
+    f"{pair['loop_pinned']:7.0f} (pinned)  "
     f"ray {pair['ray']:7.0f} samples/s  efficiency "
     f"{pair['efficiency']:.2f}  compute {pair['compute_fraction']:.2f}  wait "
     f"{pair['wait_fraction']:.3f}  cpu/it loop {1e3 * pair['loop_cpu_per_iteration']:.2f} ms, "
@@ -191,13 +203,15 @@ def table(results: dict[str, Any]) -> str:
       s["batch_size"],
       stat([x["efficiency"] for x in p]),
       stat([x["ray"] / x["loop_default_pool"] for x in p]),
+      stat([x["ray"] / max(x["loop_default_pool"], x["loop_one_thread"]) for x in p]),
       stat([x["compute_fraction"] for x in p]),
       stat([x["worker_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["shard_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["messages_per_call"] for x in p], ".1f"),
       stat([x["load_average"] for x in p], ".1f"),
     ])  # fmt: skip
-  header = ["batch", "efficiency", "vs default-pool loop", "compute fraction"]
+  header = ["batch", "efficiency", "vs default-pool loop", "vs unpinned loops"]
+  header += ["compute fraction"]
   header += ["worker CPU / loop CPU"]
   header += ["shard CPU / loop CPU", "messages per call", "load average"]
   text = harness.markdown_table(header, rows)

@@ -307,6 +307,41 @@ def test_workers_get_the_accelerators_ray_gave_them(
   assert min(result.iterations) > 0
 
 
+def _proc_cpus(pid: int, tid: int) -> set[int]:
+  for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+    if line.startswith("Cpus_allowed_list:"):
+      cpus: set[int] = set()
+      for part in line.split(":")[1].strip().split(","):
+        a, _, b = part.partition("-")
+        cpus.update(range(int(a), int(b or a) + 1))
+      return cpus
+  raise AssertionError(f"no Cpus_allowed_list for thread {tid}")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_a_pinned_worker_steps_on_its_own_core_and_trains(cluster: tuple[str, set[int]]) -> None:
+  """One worker asks for a core of its own. Its main thread (which dispatches the step) runs on
+  the core it claimed, and its sender thread and Ray's threads on the others; if another
+  runtime on this machine holds every free core, it runs unpinned on all of them."""
+  config = _config(num_workers=1, pin_compute=True, intra_op_threads=1)
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(1.0, progress=False)
+    info = runtime.worker_infos()[0]
+    pid = info["pid"]
+    threads = {int(t): _proc_cpus(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+  everything = set(os.sched_getaffinity(0))
+  assert result.iterations[0] > 0 and np.isfinite(result.workers[0]["loss"])
+  if info["cores"]:
+    mine = set(info["cores"])
+    assert len(mine) == 1 and mine < everything
+    assert threads[pid] == mine  # the main thread
+    elsewhere = [t for t, cpus in threads.items() if cpus == everything - mine]
+    assert len(elsewhere) >= 2, threads  # the sender and Ray's io threads at least
+    assert all(cpus in (mine, everything - mine) for cpus in threads.values()), threads
+  else:
+    assert threads[pid] == everything
+
+
 def test_misuse_is_refused_where_it_is_made() -> None:
   with pytest.raises(ValueError, match="worker_tx"):
     ad.Config(algorithm="aladdin")

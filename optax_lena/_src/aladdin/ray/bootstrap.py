@@ -205,28 +205,15 @@ def intra_op_threads(config: Config, num_actors: int) -> int | None:
   return 1 if num_actors >= cpus else None
 
 
-def limit_intra_op_threads(threads: int | None) -> bool:
-  """Starts this process's JAX CPU backend with ``threads`` intra-op threads; returns whether it
-  did (False: no limit asked, no affinity control, or the backend already started).
+def step_cores(config: Config, threads: int | None) -> int:
+  """Cores of its own that each worker pins its step to (0: none, the OS places it):
+  ``threads`` when ``config.pin_compute`` is True, or (None) when XLA's pool is limited to
+  ``threads`` and the cluster has CPUs to spare beyond ``threads`` per worker; 0 when False."""
+  import ray
 
-  XLA sizes its CPU thread pool by the CPUs this process may run on when the backend starts, and
-  has no flag for it. Where actors outnumber cores, a pool per actor only adds hand-offs between
-  threads that wait for a core (a small step costs more CPU and takes longer), so the backend is
-  started while the process is restricted to ``threads`` CPUs, then every thread of the process
-  gets the full set back: the pool keeps its size and the OS still places its threads freely.
-  """
-  if threads is None or not hasattr(os, "sched_setaffinity"):
-    return False
-  from jax._src import xla_bridge
-
-  full = os.sched_getaffinity(0)
-  if threads >= len(full) or xla_bridge.backends_are_initialized():
-    return False
-  os.sched_setaffinity(0, set(sorted(full)[:threads]))
-  try:
-    xla_bridge.backends()
-  finally:
-    for tid in os.listdir("/proc/self/task"):
-      with contextlib.suppress(OSError):  # a thread that has ended since
-        os.sched_setaffinity(int(tid), full)
-  return True
+  if config.pin_compute is False or threads is None:
+    return 0
+  if config.pin_compute:
+    return threads
+  cpus = float(ray.cluster_resources().get("CPU", 0.0))
+  return threads if config.num_workers * threads < cpus else 0

@@ -119,6 +119,11 @@ class Config:
     intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has no
       more CPUs than actors (the actors' pools would only hand work to threads that wait for a
       core), else XLA's default (one per core).
+    pin_compute: every worker runs its step (the thread that dispatches it and XLA's pool) on
+      ``intra_op_threads`` cores that it claims for itself on its node, and its other threads
+      (Ray's, the sender's) on the remaining cores; a worker that finds no free cores runs
+      unpinned (``Runtime.worker_infos()``: ``"cores"``). None: pin when the pool is limited
+      and the cluster has more CPUs than the workers' pools take.
     recheck_messages: the PS shards also check every slice they receive for NaN and Inf. A
       worker decides whether its message is finite inside the compiled step that makes it, on
       the exact values it sends, and every shard applies that verdict (no pass of its own);
@@ -144,6 +149,7 @@ class Config:
   deterministic: bool = False
   worker_nice: int | None = None
   intra_op_threads: int | None = None
+  pin_compute: bool | None = None
   recheck_messages: bool = False
 
   def __post_init__(self) -> None:
@@ -186,6 +192,13 @@ class Config:
         raise ValueError(f"Config: {name} above 1 must be a whole number, got {gpus!r}.")
     if self.intra_op_threads is not None:
       _positive("intra_op_threads", self.intra_op_threads, integer=True)
+    if self.pin_compute not in (None, True, False):
+      raise ValueError(f"Config: pin_compute must be None or a bool, got {self.pin_compute!r}.")
+    if self.pin_compute and self.intra_op_threads is None:
+      raise ValueError(
+        "Config: pin_compute=True needs intra_op_threads=N, the cores each worker's step is "
+        "pinned to (e.g. Config(pin_compute=True, intra_op_threads=1))."
+      )
     if not isinstance(self.recheck_messages, bool):
       raise ValueError(f"Config: recheck_messages must be a bool, got {self.recheck_messages!r}.")
     if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:

@@ -100,9 +100,10 @@ class Runtime:
       else:
         self.peers = [ray.remote(Mailbox).options(**options).remote()]
     nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
+    cores = bootstrap.step_cores(config, threads)
     worker_cls = ray.remote(Worker).options(**bootstrap.actor_options(config, "worker"))
     self.workers = [
-      worker_cls.remote(i, task, config, self.shards, self.peers, nice, threads)
+      worker_cls.remote(i, task, config, self.shards, self.peers, nice, threads, cores)
       for i in range(config.num_workers)
     ]
     # Constructors (imports, restores, compilation, first fetch of the global model) finish

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from optax_lena._src.aladdin.ray.cores import run_on
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 
 
@@ -33,6 +34,8 @@ class Outbox:
     min_fold: messages queued before a call is made (a flush sends fewer).
     unit: a call of more than ``unit`` messages carries a multiple of it (the rest waits for
       the next call), so that the shards compile few fold sizes.
+    sender_cpus: the cores the sender thread runs on (None: those of the thread that starts it),
+      off the cores of a pinned step.
   """
 
   def __init__(
@@ -44,6 +47,7 @@ class Outbox:
     max_fold: int,
     min_fold: int = 1,
     unit: int = 1,
+    sender_cpus: frozenset[int] | None = None,
   ):
     self.worker, self.shards, self.layout = worker, shards, layout
     self.max_inflight, self.max_fold = max_inflight, max_fold
@@ -60,6 +64,7 @@ class Outbox:
     self._replies: list[list[Any]] = []
     self._error: BaseException | None = None
     self._thread: threading.Thread | None = None
+    self.sender_cpus = sender_cpus
 
   def push(self, message: np.ndarray, finite: bool) -> float:
     """Queues one message; returns the seconds waited (only when the queue is full)."""
@@ -103,6 +108,7 @@ class Outbox:
       raise RuntimeError(f"A message to the PS shards failed: {self._error}") from self._error
 
   def _send_loop(self) -> None:
+    run_on(self.sender_cpus)
     while True:
       with self._cond:
         self._cond.wait_for(

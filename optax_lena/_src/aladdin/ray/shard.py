@@ -83,7 +83,7 @@ class ServerShard:
   def __init__(self, shard: int, params: np.ndarray, config: Config, threads: int | None = None):
     import jax
 
-    from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+    from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads
 
     self.threads_limited = limit_intra_op_threads(threads)
     self.shard, self.config = shard, config

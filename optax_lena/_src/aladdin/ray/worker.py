@@ -31,6 +31,7 @@ class Worker:
     peers: AR-SGD's reducers (one per shard) or SGP's mailbox.
     nice: CPU priority decrease (``os.nice``).
     threads: XLA's intra-op threads (None: its default).
+    cores: cores of its own to pin the step to (0: none; :mod:`.cores`).
   """
 
   def __init__(
@@ -42,6 +43,7 @@ class Worker:
     peers: Sequence[Any],
     nice: int = 0,
     threads: int | None = None,
+    cores: int = 0,
   ):
     if 0 < config.worker_gpus < 1:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
@@ -50,10 +52,13 @@ class Worker:
     import jax
     import ray
 
-    from optax_lena._src.aladdin.ray.bootstrap import limit_intra_op_threads
+    from optax_lena._src.aladdin.ray import cores as placement
     from optax_lena._src.aladdin.worker import worker_merge
 
-    self.threads_limited = limit_intra_op_threads(threads)
+    ray_threads = placement.thread_ids()
+    self.threads_limited = placement.limit_intra_op_threads(threads)
+    claim = placement.pin_step(cores, ray_threads) if self.threads_limited else None
+    self.cores = list(claim.cores) if claim else []
     if nice:
       os.nice(nice)
     self.index, self.task, self.config = index, task, config
@@ -63,7 +68,14 @@ class Worker:
     fold = max_fold(iteration, config.spec)
     period = min(fold, int(getattr(config.spec, "period", 1)))
     self.outbox = Outbox(
-      index, self.shards, self.layout, config.max_inflight, fold, config.fold or period, period
+      index,
+      self.shards,
+      self.layout,
+      config.max_inflight,
+      fold,
+      config.fold or period,
+      period,
+      sender_cpus=claim.others if claim else None,
     )
     context = ray.get_runtime_context()
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
@@ -256,4 +268,5 @@ class Worker:
       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
       "nice": os.nice(0),
       "threads_limited": self.threads_limited,
+      "cores": self.cores,
     }
