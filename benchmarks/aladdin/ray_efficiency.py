@@ -231,6 +231,47 @@ def table(results: dict[str, Any]) -> str:
   return text
 
 
+TARGETS = {128: 0.8, 32: 0.6}  # ALADDIN.md, "Runtime efficiency"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+  """Every pair's efficiency against the limit and against the unpinned loops, per batch."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  for k, s in enumerate(results["single"]):
+    p = s["pairs"]
+    unpinned = [x["ray"] / max(x["loop_default_pool"], x["loop_one_thread"]) for x in p]
+    strict = [x["efficiency"] for x in p]
+    for offset, values, label, marker in (
+      (-0.1, strict, "vs the limit (fastest of 3 loops)", "o"),
+      (0.1, unpinned, "vs the unpinned loops", "^"),
+    ):
+      ax.scatter(
+        [k + offset] * len(values),
+        values,
+        marker=marker,
+        label=label if k == 0 else None,
+        color="C0" if marker == "o" else "C1",
+      )
+    target = TARGETS.get(s["batch_size"])
+    if target is not None:
+      ax.hlines(
+        target, k - 0.3, k + 0.3, colors="k", linestyles="--", label="target" if k == 0 else None
+      )
+  ax.set_xticks(
+    range(len(results["single"])), [f"batch {s['batch_size']}" for s in results["single"]]
+  )
+  ax.set(ylabel="efficiency (one worker on Ray / loop)", ylim=(0, 1.1))
+  ax.grid(alpha=0.3, axis="y")
+  ax.legend(fontsize=8, loc="lower right")
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
   parser.add_argument("--batch_sizes", type=int, nargs="+", default=[128, 32])
@@ -259,6 +300,7 @@ def main() -> None:
     args.cluster_seconds, args.cluster_repeats, args.workers, compare=not args.smoke
   )
   harness.write_json(args.out, results)
+  plot(results, args.out.with_suffix(".png"))
   print(table(results))
 
 
