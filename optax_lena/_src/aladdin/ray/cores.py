@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import tempfile
 import threading
@@ -89,6 +88,8 @@ def claim_cores(count: int, directory: Path | None = None) -> CoreClaim | None:
   holds, never the last one; None (nothing held) if there are not that many free."""
   if count < 1 or not hasattr(os, "sched_getaffinity"):
     return None
+  import fcntl  # POSIX only, like the affinity calls
+
   cpus = sorted(os.sched_getaffinity(0))
   directory = directory or _lock_directory()
   fds: list[int] = []
