@@ -10,9 +10,8 @@ absolute times):
   between cores, then with every thread on one core (as the runtime pins a worker's step); the
   limit is the fastest of the three. Efficiency = samples/s of ALADDIN on Ray with that one
   worker / samples/s of the limit, alternating the loops and the Ray run ``--repeats`` times per
-  batch size. Also the CPU
-  seconds the worker and the shard processes spent per iteration against the limit loop's (what
-  the shard costs on a machine without spare cores).
+  batch size. Also the CPU seconds the worker and the shard processes spent per iteration
+  against the limit loop's (what the shard costs on a machine without spare cores).
 * ``cluster``: 4 ALADDIN workers and the PS on this machine with the program's default settings
   (``python -m examples.aladdin``: batch 128, the runtime's default priority), against the same
   with the workers at the shards' priority (``worker_nice=0``): each worker's wait and compute
@@ -67,7 +66,7 @@ def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
 def _loop_child(conn: Any, batch_size: int, threads: int) -> None:
   """A loop process with ``threads`` intra-op threads: answers ``(seconds, pinned)`` with a
   loop's result, every thread of the process on its first ``threads`` cores if ``pinned``."""
-  from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads, thread_ids
+  from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads, set_affinity, thread_ids
 
   limit_intra_op_threads(threads)
   cpus = sorted(os.sched_getaffinity(0))
@@ -79,8 +78,7 @@ def _loop_child(conn: Any, batch_size: int, threads: int) -> None:
   spec = algorithm_spec("aladdin", options)
   while (request := conn.recv()) is not None:
     seconds, pinned = request
-    for tid in thread_ids():
-      os.sched_setaffinity(tid, cpus[:threads] if pinned else cpus)
+    set_affinity(thread_ids(), cpus[:threads] if pinned else cpus)
     conn.send(local_loop(task, spec, seconds))
 
 
@@ -176,6 +174,11 @@ def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True
   return {"workers": workers, "seconds": seconds, "runs": runs}
 
 
+def _vs_unpinned(pair: dict[str, Any]) -> float:
+  """The efficiency against the faster of the two unpinned loops (the limit before pinning)."""
+  return pair["ray"] / max(pair["loop_default_pool"], pair["loop_one_thread"])
+
+
 def _line(pair: dict[str, Any]) -> str:
   return (
     f"loop {pair['loop_default_pool']:7.0f} / {pair['loop_one_thread']:7.0f} (1 thread) / "
@@ -203,7 +206,7 @@ def table(results: dict[str, Any]) -> str:
       s["batch_size"],
       stat([x["efficiency"] for x in p]),
       stat([x["ray"] / x["loop_default_pool"] for x in p]),
-      stat([x["ray"] / max(x["loop_default_pool"], x["loop_one_thread"]) for x in p]),
+      stat([_vs_unpinned(x) for x in p]),
       stat([x["compute_fraction"] for x in p]),
       stat([x["worker_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["shard_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
@@ -244,7 +247,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for k, s in enumerate(results["single"]):
     p = s["pairs"]
-    unpinned = [x["ray"] / max(x["loop_default_pool"], x["loop_one_thread"]) for x in p]
+    unpinned = [_vs_unpinned(x) for x in p]
     strict = [x["efficiency"] for x in p]
     for offset, values, label, marker in (
       (-0.1, strict, "vs the limit (fastest of 3 loops)", "o"),

@@ -46,7 +46,7 @@ def limit_intra_op_threads(threads: int | None) -> bool:
   try:
     xla_bridge.backends()
   finally:
-    _set_affinity(thread_ids(), full)
+    set_affinity(thread_ids(), full)
   return True
 
 
@@ -57,7 +57,8 @@ def thread_ids() -> set[int]:
   return set()
 
 
-def _set_affinity(tids: Iterable[int], cpus: Iterable[int]) -> None:
+def set_affinity(tids: Iterable[int], cpus: Iterable[int]) -> None:
+  """Puts the threads ``tids`` of this process on ``cpus`` (those that have ended are skipped)."""
   cpus = set(cpus)
   for tid in tids:
     with contextlib.suppress(OSError):  # a thread that has ended since
@@ -131,12 +132,12 @@ def pin_step(count: int, others: set[int], directory: Path | None = None) -> Cor
   _held.append(claim)
   step_threads = thread_ids() - set(others)
   step_threads.add(threading.get_native_id())
-  _set_affinity(step_threads, claim.cores)
-  _set_affinity(set(others) - step_threads, claim.others)
+  set_affinity(step_threads, claim.cores)
+  set_affinity(set(others) - step_threads, claim.others)
   return claim
 
 
 def run_on(cpus: Iterable[int] | None) -> None:
   """Moves the calling thread to ``cpus`` (None: leaves it where it is)."""
   if cpus is not None:
-    _set_affinity([threading.get_native_id()], cpus)
+    set_affinity([threading.get_native_id()], cpus)
