@@ -4,14 +4,17 @@ Two measurements, each side by side in one run and repeated (the machine is shar
 absolute times):
 
 * ``single``: the limit of one worker is its local step alone (the same model, batch, optimizer
-  and data iterator in a loop in one process, no Ray, no server), measured three times: in this
-  process (XLA's default thread pool), and in a child process whose pool has the one thread the
-  runtime gives its actors where they are at least as many as the cores, first free to move
-  between cores, then with every thread on one core (as the runtime pins a worker's step); the
-  limit is the fastest of the three. Efficiency = samples/s of ALADDIN on Ray with that one
-  worker / samples/s of the limit, alternating the loops and the Ray run ``--repeats`` times per
-  batch size. Also the CPU seconds the worker and the shard processes spent per iteration
-  against the limit loop's (what the shard costs on a machine without spare cores).
+  and data iterator in a loop in one process, no Ray, no server), each step's message read
+  after the next step is dispatched (a JAX loop's Python overlaps XLA), measured four times:
+  in this process (XLA's default thread pool), and in a child process whose pool has the one
+  thread the runtime gives its actors where they are at least as many as the cores, free to
+  move between cores, then pinned as the runtime pins a worker (XLA's threads on one core, the
+  Python thread on the others), then with every thread on one core and each step waited for
+  (the limit of earlier runs); the limit is the fastest of the four. Efficiency = samples/s of
+  ALADDIN on Ray with that one worker / samples/s of the limit, alternating the loops and the
+  Ray run ``--repeats`` times per batch size. Also the CPU seconds the worker and the shard
+  processes spent per iteration against the limit loop's (what the shard costs on a machine
+  without spare cores).
 * ``cluster``: 4 ALADDIN workers and the PS on this machine with the program's default settings
   (``python -m examples.aladdin``: batch 128, the runtime's default priority), against the same
   with the workers at the shards' priority (``worker_nice=0``): each worker's wait and compute
@@ -43,8 +46,10 @@ def _cpu_seconds(pid: int) -> float:
   return times.user + times.system
 
 
-def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
-  """The limit: the worker's step (``spec.worker_step``) in a plain loop, with its data."""
+def local_loop(task: Any, spec: Any, seconds: float, wait: bool = False) -> dict[str, float]:
+  """The limit: the worker's step (``spec.worker_step``) in a plain loop, with its data. Each
+  step's message is read after the next step is dispatched, as a JAX training loop overlaps
+  its Python with XLA (and as the worker does); ``wait``: each step is waited for instead."""
   import jax
 
   step = jax.jit(spec.worker_step(task.loss_fn))
@@ -52,10 +57,16 @@ def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
   params, opt_state = task.init_params, spec.worker_tx.init(task.init_params)
   jax.block_until_ready(step(params, opt_state, next(batches)))
   cpu0, n, t0 = time.process_time(), 0, time.perf_counter()
+  unread = None
   while time.perf_counter() - t0 < seconds:
     params, opt_state, message, _ = step(params, opt_state, next(batches))
-    jax.block_until_ready(message)
+    if wait:
+      jax.block_until_ready(message)
+    elif unread is not None:
+      jax.block_until_ready(unread)
+    unread = message
     n += 1
+  jax.block_until_ready((params, unread))
   wall = time.perf_counter() - t0
   return {
     "throughput": n * task.batch_size / wall,
@@ -63,12 +74,23 @@ def local_loop(task: Any, spec: Any, seconds: float) -> dict[str, float]:
   }
 
 
-def _loop_child(conn: Any, batch_size: int, threads: int) -> None:
-  """A loop process with ``threads`` intra-op threads: answers ``(seconds, pinned)`` with a
-  loop's result, every thread of the process on its first ``threads`` cores if ``pinned``."""
+# The loops of a one-thread child (``_loop_child``): where its threads run, whether it waits.
+CHILD_LOOPS = {
+  "loop_one_thread": ("free", False),  # the OS places every thread
+  "loop_pinned": ("pinned", False),  # XLA's threads on one core, the rest on the others
+  "loop_one_core_waiting": ("one core", True),  # every thread on one core, each step waited for
+}
+
+
+def _loop_child(conn: Any, batch_size: int) -> None:
+  """A loop process whose XLA pool has one thread: answers ``(seconds, placement, wait)`` with a
+  loop's result, its threads placed as in :data:`CHILD_LOOPS` (``"pinned"`` as the runtime
+  pins a worker: :func:`~optax_lena._src.aladdin.ray.cores.pin_step`)."""
+  import threading
+
   from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads, set_affinity, thread_ids
 
-  limit_intra_op_threads(threads)
+  limit_intra_op_threads(1)
   cpus = sorted(os.sched_getaffinity(0))
   from examples.aladdin.main import Options, algorithm_spec
   from examples.aladdin.task import TaskOptions, build_task
@@ -76,14 +98,21 @@ def _loop_child(conn: Any, batch_size: int, threads: int) -> None:
   options = Options(task=TaskOptions(workers=1, batch_size=batch_size))
   task, _ = build_task(options.task)
   spec = algorithm_spec("aladdin", options)
+  caller = threading.get_native_id()
   while (request := conn.recv()) is not None:
-    seconds, pinned = request
-    set_affinity(thread_ids(), cpus[:threads] if pinned else cpus)
-    conn.send(local_loop(task, spec, seconds))
+    seconds, placement, wait = request
+    if placement == "free":
+      set_affinity(thread_ids(), cpus)
+    elif placement == "one core":
+      set_affinity(thread_ids(), cpus[:1])
+    else:
+      set_affinity(thread_ids() - {caller}, cpus[:1])
+      set_affinity([caller], cpus[1:])
+    conn.send(local_loop(task, spec, seconds, wait))
 
 
 def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
-  """Loop and one Ray worker, alternately, ``repeats`` times; the ratios of each pair."""
+  """The loops and one Ray worker, alternately, ``repeats`` times; the ratios of each pair."""
   from examples.aladdin.main import Options, algorithm_spec, runtime_config
   from examples.aladdin.task import TaskOptions, build_task
   from optax_lena.aladdin import distributed as ad
@@ -94,34 +123,31 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
   pairs = []
   context = multiprocessing.get_context("spawn")
   conn, child_conn = context.Pipe()
-  child = context.Process(target=_loop_child, args=(child_conn, batch_size, 1), daemon=True)
+  child = context.Process(target=_loop_child, args=(child_conn, batch_size), daemon=True)
   child.start()
   with ad.Runtime(task, runtime_config("aladdin", options)) as runtime:
     info = runtime.worker_infos()[0]
     pids = [info["pid"], runtime.shard_stats()[0]["pid"]]
     for _ in range(repeats):
-      default_loop = local_loop(task, spec, seconds)
-      conn.send((seconds, False))
-      one_thread = conn.recv()
-      conn.send((seconds, True))
-      pinned = conn.recv()
-      loop = max(default_loop, one_thread, pinned, key=lambda r: r["throughput"])
+      loops = {"loop_default_pool": local_loop(task, spec, seconds)}
+      for key, (placement, wait) in CHILD_LOOPS.items():
+        conn.send((seconds, placement, wait))
+        loops[key] = conn.recv()
+      fastest = max(loops.values(), key=lambda r: r["throughput"])
       cpu0 = [_cpu_seconds(p) for p in pids]
       result = runtime.run(seconds, progress=False)
       cpu = [_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
       its = result.iterations[0]
       pairs.append(
         {
-          "loop_default_pool": default_loop["throughput"],
-          "loop_one_thread": one_thread["throughput"],
-          "loop_pinned": pinned["throughput"],
-          "loop": loop["throughput"],
+          **{key: loop["throughput"] for key, loop in loops.items()},
+          "loop": fastest["throughput"],
           "ray": result.throughput,
-          "efficiency": result.throughput / loop["throughput"],
+          "efficiency": result.throughput / fastest["throughput"],
           "compute_fraction": result.compute_fraction[0],
           "worker_cores": info["cores"],
           "wait_fraction": result.wait_fraction[0],
-          "loop_cpu_per_iteration": loop["cpu_per_iteration"],
+          "loop_cpu_per_iteration": fastest["cpu_per_iteration"],
           "worker_cpu_per_iteration": cpu[0] / its,
           "shard_cpu_per_iteration": cpu[1] / its,
           "messages_per_call": result.shards[0]["received"] / max(result.shards[0]["calls"], 1),
@@ -174,15 +200,16 @@ def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True
   return {"workers": workers, "seconds": seconds, "runs": runs}
 
 
-def _vs_unpinned(pair: dict[str, Any]) -> float:
-  """The efficiency against the faster of the two unpinned loops (the limit before pinning)."""
-  return pair["ray"] / max(pair["loop_default_pool"], pair["loop_one_thread"])
+def _vs_waiting(pair: dict[str, Any]) -> float:
+  """The efficiency against a loop on one core that waits for each step (the limit of earlier
+  runs, before the loops overlapped their Python with XLA)."""
+  return pair["ray"] / pair["loop_one_core_waiting"]
 
 
 def _line(pair: dict[str, Any]) -> str:
   return (
     f"loop {pair['loop_default_pool']:7.0f} / {pair['loop_one_thread']:7.0f} (1 thread) / "
-    f"{pair['loop_pinned']:7.0f} (pinned)  "
+    f"{pair['loop_pinned']:7.0f} (pinned) / {pair['loop_one_core_waiting']:7.0f} (waiting)  "
     f"ray {pair['ray']:7.0f} samples/s  efficiency "
     f"{pair['efficiency']:.2f}  compute {pair['compute_fraction']:.2f}  wait "
     f"{pair['wait_fraction']:.3f}  cpu/it loop {1e3 * pair['loop_cpu_per_iteration']:.2f} ms, "
@@ -206,14 +233,14 @@ def table(results: dict[str, Any]) -> str:
       s["batch_size"],
       stat([x["efficiency"] for x in p]),
       stat([x["ray"] / x["loop_default_pool"] for x in p]),
-      stat([_vs_unpinned(x) for x in p]),
+      stat([_vs_waiting(x) for x in p]),
       stat([x["compute_fraction"] for x in p]),
       stat([x["worker_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["shard_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
       stat([x["messages_per_call"] for x in p], ".1f"),
       stat([x["load_average"] for x in p], ".1f"),
     ])  # fmt: skip
-  header = ["batch", "efficiency", "vs default-pool loop", "vs unpinned loops"]
+  header = ["batch", "efficiency", "vs default-pool loop", "vs a loop waiting for each step"]
   header += ["compute fraction"]
   header += ["worker CPU / loop CPU"]
   header += ["shard CPU / loop CPU", "messages per call", "load average"]
@@ -238,7 +265,7 @@ TARGETS = {128: 0.8, 32: 0.6}  # ALADDIN.md, "Runtime efficiency"
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-  """Every pair's efficiency against the limit and against the unpinned loops, per batch."""
+  """Every pair's efficiency against the limit and against a loop waiting for each step."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -247,11 +274,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for k, s in enumerate(results["single"]):
     p = s["pairs"]
-    unpinned = [_vs_unpinned(x) for x in p]
+    waiting = [_vs_waiting(x) for x in p]
     strict = [x["efficiency"] for x in p]
     for offset, values, label, marker in (
-      (-0.1, strict, "vs the limit (fastest of 3 loops)", "o"),
-      (0.1, unpinned, "vs the unpinned loops", "^"),
+      (-0.1, strict, "vs the limit (fastest of 4 loops)", "o"),
+      (0.1, waiting, "vs a loop waiting for each step", "^"),
     ):
       ax.scatter(
         [k + offset] * len(values),

@@ -70,10 +70,7 @@ assert cores.limit_intra_op_threads(1)
 xla = sorted(cores.thread_ids() - before)
 claim = cores.pin_step(1, before, locks)
 sender = {}
-def send():
-  cores.run_on(claim.others)
-  sender["cpus"] = affinity(threading.get_native_id())
-late = threading.Thread(target=send)
+late = threading.Thread(target=lambda: sender.update(cpus=affinity(threading.get_native_id())))
 late.start()
 late.join()
 import jax.numpy as jnp
@@ -92,11 +89,54 @@ def test_the_step_s_threads_run_on_the_claimed_core_and_the_others_off_it(
   report = _in_child(PIN, tmp_path)
   core, others = report["cores"], report["others"]
   assert core == [CPUS[0]] and others == CPUS[1:]
-  assert report["main"] == core
   assert report["xla"] and all(a == core for a in report["xla"])  # XLA's threads, started then
-  assert report["early"] == others  # a thread started before the backend (Ray's)
-  assert report["sender"] == others
   assert report["total"] == 45.0
+  # The dispatching thread, a thread started before the backend (Ray's) and one started after
+  # by the dispatching thread (the sender) run off it.
+  assert report["main"] == others
+  assert report["early"] == others
+  assert report["sender"] == others
+
+
+FOLLOW = """
+import threading, time
+from optax_lena._src.aladdin.ray import cores
+
+def burn(seconds):
+  start = time.thread_time()
+  while time.thread_time() - start < seconds:
+    pass
+
+before = cores.thread_ids()
+assert cores.limit_intra_op_threads(1)
+go, done = threading.Event(), threading.Event()
+def stand_in():  # XLA's thread: computes what the caller dispatches, on the claimed core
+  while go.wait():
+    go.clear()
+    burn(0.02)
+    done.set()
+threading.Thread(target=stand_in, daemon=True).start()
+claim = cores.pin_step(1, before, locks)
+def offloaded():
+  go.set()
+  done.wait()
+  done.clear()
+caller = threading.get_native_id()
+report = {"cores": list(claim.cores), "others": sorted(claim.others)}
+report["offloaded"] = cores.follow_the_step(claim, offloaded)
+report["after_offloaded"] = sorted(os.sched_getaffinity(caller))
+report["inline"] = cores.follow_the_step(claim, lambda: burn(0.02))
+report["after_inline"] = sorted(os.sched_getaffinity(caller))
+print(json.dumps(report))
+"""
+
+
+def test_the_claimed_core_goes_to_the_thread_that_computes_the_step(tmp_path: Path) -> None:
+  """A step computed on XLA's thread leaves the dispatching thread off the claimed core; a
+  step it computes itself (XLA:CPU runs cheap ones inline) brings it onto the core."""
+  report = _in_child(FOLLOW, tmp_path)
+  assert report["offloaded"] is False and report["after_offloaded"] == report["others"]
+  assert report["inline"] is True and report["after_inline"] == report["cores"]
 
 
 def test_without_a_free_core_nothing_is_pinned(tmp_path: Path) -> None:

@@ -1,12 +1,13 @@
 """Where an actor's threads run: the size of XLA's CPU pool, and a worker's step on cores of its
 own.
 
-A worker's step is a hand-off between two threads (Python dispatches, XLA's thread computes,
-Python picks the result up). Left to the OS on a node without spare cores, those threads move
-between cores, each wake-up may land on a core that the worker's own sender thread, Ray's threads
-or a PS shard holds, and a step takes longer than the same step in a plain loop. Pinned, the
-step's threads share a core that nothing else of the runtime runs on, and everything else runs
-on the other cores (measured in ``benchmarks/aladdin/RESULTS-ray.md``).
+A worker's step runs on XLA's threads while the worker's Python thread dispatches the next one
+and sends messages. Left to the OS on a node without spare cores, XLA's thread moves between
+cores and wakes up behind the worker's Python, sender and Ray threads or a PS shard, and a step
+takes longer than the same step in a plain loop. Pinned, XLA's threads have a core that nothing
+else of the runtime runs on, and everything else (the Python thread that dispatches included,
+so that its work overlaps the step instead of taking turns with it) runs on the other cores
+(measured in ``benchmarks/aladdin/RESULTS-ray.md``).
 
 Which cores a worker takes is decided on its node, without the driver: a worker claims a free
 core by taking an exclusive ``flock`` on a per-core lock file, which the OS releases when the
@@ -21,8 +22,9 @@ import dataclasses
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 
 def limit_intra_op_threads(threads: int | None) -> bool:
@@ -120,24 +122,54 @@ _held: list[CoreClaim] = []  # this process's claims, alive as long as the proce
 def pin_step(count: int, others: set[int], directory: Path | None = None) -> CoreClaim | None:
   """Pins this process's step to ``count`` cores of its own.
 
-  Call it on the thread that dispatches the step, after the JAX backend has started: that thread
-  and every thread not in ``others`` (XLA's, started with the backend) run on the claimed cores
-  from then on, the threads in ``others`` (Ray's, started before) on the remaining ones; a thread
-  started later inherits its creator's cores (:func:`run_on` moves it). Returns the claim, None
-  (nothing pinned) if no ``count`` free cores were left.
+  Call it on the thread that dispatches the step, after the JAX backend has started: every
+  thread not in ``others`` and not the caller (XLA's, started with the backend) runs on the
+  claimed cores from then on; the threads in ``others`` (Ray's, started before) and the caller
+  on the remaining ones, where a thread started later inherits its creator's cores (the caller
+  joins the claimed cores if it computes the step itself: :func:`follow_the_step`). Returns
+  the claim, None (nothing pinned) if no ``count`` free cores were left.
   """
   claim = claim_cores(count, directory)
   if claim is None:
     return None
   _held.append(claim)
-  step_threads = thread_ids() - set(others)
-  step_threads.add(threading.get_native_id())
-  set_affinity(step_threads, claim.cores)
-  set_affinity(set(others) - step_threads, claim.others)
+  caller = threading.get_native_id()
+  set_affinity(thread_ids() - set(others) - {caller}, claim.cores)
+  set_affinity(set(others) | {caller}, claim.others)
   return claim
 
 
-def run_on(cpus: Iterable[int] | None) -> None:
-  """Moves the calling thread to ``cpus`` (None: leaves it where it is)."""
-  if cpus is not None:
-    set_affinity([threading.get_native_id()], cpus)
+def thread_cpu_seconds() -> dict[int, float]:
+  """The CPU seconds each thread of this process has run (Linux; empty elsewhere)."""
+  spent = {}
+  for tid in thread_ids():
+    with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that has ended since
+      stat = Path(f"/proc/self/task/{tid}/schedstat").read_text()
+      spent[tid] = int(stat.split()[0]) / 1e9
+  return spent
+
+
+def follow_the_step(claim: CoreClaim, step: Callable[[], Any], calls: int = 10) -> bool:
+  """Moves the calling thread onto the claimed cores if it computes the step itself.
+
+  XLA:CPU runs a cheap computation inline in the thread that dispatches it and a larger one on
+  its own threads; the claimed cores belong to whichever computes. Runs ``step`` ``calls`` times
+  (its results discarded) and compares the CPU time the caller spent with that of the threads
+  on the claimed cores. Returns whether the caller moved.
+  """
+  caller = threading.get_native_id()
+  before = thread_cpu_seconds()
+  for _ in range(calls):
+    step()
+  spent = {t: s - before.get(t, 0.0) for t, s in thread_cpu_seconds().items()}
+  pinned = sum(s for t, s in spent.items() if t != caller and _affinity(t) == set(claim.cores))
+  if spent.get(caller, 0.0) <= pinned:
+    return False
+  set_affinity([caller], claim.cores)
+  return True
+
+
+def _affinity(tid: int) -> set[int]:
+  with contextlib.suppress(OSError):
+    return os.sched_getaffinity(tid)
+  return set()

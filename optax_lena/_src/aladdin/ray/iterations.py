@@ -41,7 +41,13 @@ def max_fold(iteration: type, spec: Any) -> int:
   return int(getattr(iteration, "max_fold", lambda spec: 1)(spec))
 
 
-class _Served:
+class _Iteration:
+  def finish(self) -> Stats | None:
+    """Completes a step dispatched ahead at the end of a chunk (None: there is none)."""
+    return None
+
+
+class _Served(_Iteration):
   """Shared by the algorithms whose workers talk to PS shards: the fused merge-then-step."""
 
   peers, rounds, global_model = "shards", False, "shards"
@@ -70,9 +76,9 @@ class _Served:
     timed(self.plain, w.params, w.opt_state, batch)
     timed(self.merging, w.params, w.opt_state, batch, w.global_flat, w.alphas)
 
-  def step(self) -> tuple[np.ndarray, bool, float]:
-    """The next step (merging what is pending); returns the message, its finiteness and the
-    compute seconds."""
+  def dispatch(self) -> tuple[Any, Any, float]:
+    """Starts the next step (merging what is pending) without waiting for it; returns its
+    message and finiteness (device arrays) and when it was dispatched."""
     w = self.w
     batch = next(w.batches)
     pending = w.take_pending()
@@ -85,6 +91,12 @@ class _Served:
     w.params, w.opt_state, flat, finite, w.last_loss = (
       self.plain if pending is None else self.merging
     )(*args)
+    return flat, finite, t0
+
+  def step(self) -> tuple[np.ndarray, bool, float]:
+    """The next step, waited for; returns the message, its finiteness and the compute
+    seconds."""
+    flat, finite, t0 = self.dispatch()
     # One executable: its message on the host means every output is ready (no walk over the
     # state's leaves to block on each).
     message, finite = np.asarray(flat), bool(finite)
@@ -93,10 +105,21 @@ class _Served:
 
 class Aladdin(_Served):
   """Algorithm 1: local step, push (no waiting: the outbox sends, folding while
-  ``max_inflight`` calls are unanswered), merge the replies that have arrived."""
+  ``max_inflight`` calls are unanswered), merge the replies that have arrived.
+
+  In a run until a deadline, the next step is dispatched before this one's message is read:
+  XLA computes it while the worker's thread pushes the message and takes the replies, which the
+  step after merges (a reply is merged one step later than between two waited-for steps; the
+  order of messages and of merges is the same), and a chunk completes its last step before it
+  returns. Steps are waited for where the order of events must be exact (the deterministic
+  schedule), where a run is bounded by a number of iterations, and where the step's time must
+  be known before the next one starts (an emulated straggler sleeps in proportion to it).
+  """
 
   def __init__(self, w: Any):
     super().__init__(w, w.config.spec.worker_step(w.task.loss_fn))
+    self.ahead: tuple[Any, Any, float] | None = None  # a step dispatched, its message unread
+    self.last_ready = self.waited = 0.0
 
   @staticmethod
   def max_fold(spec: Any) -> int:
@@ -104,8 +127,41 @@ class Aladdin(_Served):
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     w = self.w
-    message, finite, compute = self.step()
-    sleep = w.sleep_for(compute)
+    if sync or deadline is None or w.slowdown > 1.0:
+      message, finite, compute = self.step()
+      sleep = w.sleep_for(compute)
+      return self._send(message, finite, compute, sleep, sync)
+    if self.ahead is None:
+      self.ahead = self.dispatch()
+    return self._complete(ahead=True)
+
+  def finish(self) -> Stats | None:
+    return None if self.ahead is None else self._complete(ahead=False)
+
+  def _complete(self, ahead: bool) -> Stats:
+    """Reads the message of the step in flight (dispatching the next one first if ``ahead``)
+    and sends it.
+
+    Its compute seconds run from its dispatch, or from the previous message if that came later,
+    to its message, less the back-pressure wait in between: the step computes throughout that
+    time unless the worker's own work (sending, taking replies, the next batch) takes longer
+    than a step, which the wait-free loop keeps short.
+    """
+    assert self.ahead is not None
+    flat, finite, dispatched = self.ahead
+    self.ahead = self.dispatch() if ahead else None
+    message, ok = np.asarray(flat), bool(finite)
+    ready = time.perf_counter()
+    since = ready - max(dispatched, self.last_ready)
+    compute = max(0.0, since - self.waited)
+    stats = self._send(message, ok, compute, 0.0, False)
+    self.last_ready, self.waited = ready, stats["wait_s"]
+    return stats
+
+  def _send(
+    self, message: np.ndarray, finite: bool, compute: float, sleep: float, sync: bool
+  ) -> Stats:
+    w = self.w
     wait = w.outbox.push(message, finite)
     if sync:  # the deterministic schedule: every reply merged before the next message
       wait += w.outbox.flush()
@@ -162,7 +218,7 @@ class Easgd(_Served):
     return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
 
 
-class ArSgd:
+class ArSgd(_Iteration):
   """Synchronous: the gradient, all-reduced by the reducers (a barrier), the same step on every
   worker."""
 
@@ -208,7 +264,7 @@ class ArSgd:
     return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
 
 
-class Sgp:
+class Sgp(_Iteration):
   """Push-sum gossip: step on the de-biased model, keep half, push half to this round's peer,
   then mix the message the in-peer pushed ``overlap`` rounds earlier (the paper: 1), waiting for
   it at most until the deadline (a chunk that ends first mixes it at the start of the next)."""

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from optax_lena._src.aladdin.ray.cores import run_on
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 
 
@@ -34,8 +33,6 @@ class Outbox:
     min_fold: messages queued before a call is made (a flush sends fewer).
     unit: a call of more than ``unit`` messages carries a multiple of it (the rest waits for
       the next call), so that the shards compile few fold sizes.
-    sender_cpus: the cores the sender thread runs on (None: those of the thread that starts it),
-      off the cores of a pinned step.
   """
 
   def __init__(
@@ -47,7 +44,6 @@ class Outbox:
     max_fold: int,
     min_fold: int = 1,
     unit: int = 1,
-    sender_cpus: frozenset[int] | None = None,
   ):
     self.worker, self.shards, self.layout = worker, shards, layout
     self.max_inflight, self.max_fold = max_inflight, max_fold
@@ -63,8 +59,9 @@ class Outbox:
     self._next_call = self._next_release = 0
     self._replies: list[list[Any]] = []
     self._error: BaseException | None = None
-    self._thread: threading.Thread | None = None
-    self.sender_cpus = sender_cpus
+    # Started now, by the thread that creates the outbox: it runs on that thread's cores.
+    self._thread = threading.Thread(target=self._send_loop, name="aladdin-outbox", daemon=True)
+    self._thread.start()
 
   def push(self, message: np.ndarray, finite: bool) -> float:
     """Queues one message; returns the seconds waited (only when the queue is full)."""
@@ -78,9 +75,6 @@ class Outbox:
         t0 = time.perf_counter()
         self._cond.wait_for(lambda: len(self._queue) <= self.max_fold or self._error)
         waited = time.perf_counter() - t0
-    if self._thread is None:
-      self._thread = threading.Thread(target=self._send_loop, name="aladdin-outbox", daemon=True)
-      self._thread.start()
     return waited
 
   def take(self) -> list[list[Any]]:
@@ -108,7 +102,6 @@ class Outbox:
       raise RuntimeError(f"A message to the PS shards failed: {self._error}") from self._error
 
   def _send_loop(self) -> None:
-    run_on(self.sender_cpus)
     while True:
       with self._cond:
         self._cond.wait_for(

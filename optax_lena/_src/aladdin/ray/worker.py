@@ -75,7 +75,6 @@ class Worker:
       fold,
       config.fold or period,
       period,
-      sender_cpus=claim.others if claim else None,
     )
     context = ray.get_runtime_context()
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
@@ -101,6 +100,8 @@ class Worker:
     first = next(self.batches)  # kept for the first iteration
     self.batches = itertools.chain([first], self.batches)
     self.algorithm.warm_up(first)
+    if claim is not None:
+      placement.follow_the_step(claim, lambda: self.algorithm.warm_up(first))
     if config.fold is None and fold > period:
       self.outbox.min_fold = self._default_fold(first, period, fold)
     layout = self.layout
@@ -182,8 +183,8 @@ class Worker:
 
   # -- what the driver calls ------------------------------------------------------------------
 
-  def _iterate(self, sync: bool, deadline: float | None) -> dict[str, float]:
-    stats = self.algorithm.iterate(sync, deadline)
+  def _counted(self, stats: dict[str, float]) -> dict[str, float]:
+    """One iteration's statistics, counted unless it was skipped."""
     if not stats.pop("skipped", 0.0):
       self.iteration += 1
       stats["iterations"] = 1
@@ -205,7 +206,11 @@ class Worker:
       or (max_seconds is not None and time.perf_counter() - start >= max_seconds)
       or (max_iterations is not None and stats["iterations"] >= max_iterations)
     ):
-      for key, value in self._iterate(False, deadline).items():
+      for key, value in self._counted(self.algorithm.iterate(False, deadline)).items():
+        stats[key] += value
+    last = self.algorithm.finish()  # a chunk leaves no step in flight
+    if last is not None:
+      for key, value in self._counted(last).items():
         stats[key] += value
     stats["busy_s"] = time.perf_counter() - start
     for key in TOTALS:
@@ -217,7 +222,7 @@ class Worker:
     """One iteration that waits for every reply (the deterministic schedule)."""
     start = time.perf_counter()
     merges = self.totals["merges"]
-    stats: dict[str, Any] = self._iterate(True, None)
+    stats: dict[str, Any] = self._counted(self.algorithm.iterate(True, None))
     stats["busy_s"] = time.perf_counter() - start
     for key in TOTALS:
       self.totals[key] += stats.get(key, 0)
