@@ -217,3 +217,15 @@ def step_cores(config: Config, threads: int | None) -> int:
     return threads
   cpus = float(ray.cluster_resources().get("CPU", 0.0))
   return threads if config.num_workers * threads < cpus else 0
+
+
+def shard_nice(step_cores: int) -> int:
+  """The shards' priority decrease: 10 where the workers pin their step (``step_cores`` > 0).
+
+  A pinned worker's Python thread, which dispatches its next step, shares the unclaimed cores
+  with the shards; a shard applies a fold of messages in one burst of milliseconds, and XLA
+  idles on the worker's core if that burst delays the next dispatch. At a lower priority the
+  shards run in the time the workers' threads leave, which pinning only enables where the
+  cluster has cores to spare (measured in ``benchmarks/aladdin/RESULTS-ray.md``).
+  """
+  return 10 if step_cores else 0

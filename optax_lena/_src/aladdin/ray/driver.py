@@ -84,11 +84,13 @@ class Runtime:
     server = bootstrap.actor_options(config, "server")
     num_actors = config.num_workers + config.ps_shards
     threads = bootstrap.intra_op_threads(config, num_actors)
+    cores = bootstrap.step_cores(config, threads)
     if self.iteration.peers == "shards":
       shard_cls = ray.remote(ServerShard).options(**server)
       params = self.layout.to_vector(task.init_params)
+      shard_nice = bootstrap.shard_nice(cores)
       self.shards = [
-        shard_cls.remote(k, part, config, threads)
+        shard_cls.remote(k, part, config, threads, shard_nice)
         for k, part in enumerate(self.layout.split(params))
       ]
     else:
@@ -100,7 +102,6 @@ class Runtime:
       else:
         self.peers = [ray.remote(Mailbox).options(**options).remote()]
     nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
-    cores = bootstrap.step_cores(config, threads)
     worker_cls = ray.remote(Worker).options(**bootstrap.actor_options(config, "worker"))
     self.workers = [
       worker_cls.remote(i, task, config, self.shards, self.peers, nice, threads, cores)

@@ -80,12 +80,21 @@ def _own(tree: Any) -> Any:
 class ServerShard:
   """Shard ``shard`` of the global model (a Ray actor; plain class here)."""
 
-  def __init__(self, shard: int, params: np.ndarray, config: Config, threads: int | None = None):
+  def __init__(
+    self,
+    shard: int,
+    params: np.ndarray,
+    config: Config,
+    threads: int | None = None,
+    nice: int = 0,
+  ):
     import jax
 
     from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads
 
     self.threads_limited = limit_intra_op_threads(threads)
+    if nice:
+      os.nice(nice)
     self.shard, self.config = shard, config
     self.size, self.dtype = params.shape[-1], params.dtype
     self.counts = {"received": 0, "calls": 0, "rejected_malformed": 0, "global_updates": 0}
