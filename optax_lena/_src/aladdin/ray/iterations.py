@@ -42,6 +42,8 @@ def max_fold(iteration: type, spec: Any) -> int:
 
 
 class _Iteration:
+  """What every algorithm's iteration has: nothing in flight unless it dispatches ahead."""
+
   def finish(self) -> Stats | None:
     """Completes a step dispatched ahead at the end of a chunk (None: there is none)."""
     return None
