@@ -85,10 +85,13 @@ CHILD_LOOPS = {
 def _loop_child(conn: Any, batch_size: int) -> None:
   """A loop process whose XLA pool has one thread: answers ``(seconds, placement, wait)`` with a
   loop's result, its threads placed as in :data:`CHILD_LOOPS` (``"pinned"`` as the runtime
-  pins a worker: :func:`~optax_lena._src.aladdin.ray.cores.pin_step`)."""
-  import threading
-
-  from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads, set_affinity, thread_ids
+  pins a worker: :func:`~optax_lena._src.aladdin.ray.cores.place_step`)."""
+  from optax_lena._src.aladdin.ray.cores import (
+    limit_intra_op_threads,
+    place_step,
+    set_affinity,
+    thread_ids,
+  )
 
   limit_intra_op_threads(1)
   cpus = sorted(os.sched_getaffinity(0))
@@ -98,7 +101,6 @@ def _loop_child(conn: Any, batch_size: int) -> None:
   options = Options(task=TaskOptions(workers=1, batch_size=batch_size))
   task, _ = build_task(options.task)
   spec = algorithm_spec("aladdin", options)
-  caller = threading.get_native_id()
   while (request := conn.recv()) is not None:
     seconds, placement, wait = request
     if placement == "free":
@@ -106,8 +108,7 @@ def _loop_child(conn: Any, batch_size: int) -> None:
     elif placement == "one core":
       set_affinity(thread_ids(), cpus[:1])
     else:
-      set_affinity(thread_ids() - {caller}, cpus[:1])
-      set_affinity([caller], cpus[1:])
+      place_step(cpus[:1], cpus[1:])
     conn.send(local_loop(task, spec, seconds, wait))
 
 
