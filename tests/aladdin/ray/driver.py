@@ -34,7 +34,7 @@ ray.cloudpickle.register_pickle_by_value(helpers)
 ITERATIONS = 6
 
 
-def _deterministic(**placement: object) -> tuple[dict, list[str], list[str]]:
+def _deterministic(**placement: object) -> tuple[dict, list[str], list[str], list[bool]]:
   config = ad.Config(
     algorithm=helpers.spec("aladdin"),
     num_workers=2,
@@ -46,7 +46,8 @@ def _deterministic(**placement: object) -> tuple[dict, list[str], list[str]]:
     result = runtime.run(iterations=ITERATIONS, progress=False)
     shard_nodes = [s["node_id"] for s in result.shards]
     worker_nodes = [w["node_id"] for w in result.workers]
-  return result.final_params, shard_nodes, worker_nodes
+    rings = [w["shared_memory"] for w in result.workers]
+  return result.final_params, shard_nodes, worker_nodes, rings
 
 
 def _two_nodes(cluster_cls: type, attempts: int = 3) -> tuple:
@@ -71,13 +72,13 @@ def multinode(out: str) -> None:
   from ray.cluster_utils import Cluster
 
   ad.connect(num_cpus=1)
-  single, _, _ = _deterministic()
+  single, _, _, single_rings = _deterministic()
   ray.shutdown()
 
   cluster, head, other = _two_nodes(Cluster)
   try:
     ad.connect(address=cluster.address)
-    multi, shard_nodes, worker_nodes = _deterministic(
+    multi, shard_nodes, worker_nodes, multi_rings = _deterministic(
       server_resources={"aladdin_ps": 1}, worker_resources={"aladdin_workers": 1}
     )
     ray.shutdown()
@@ -89,7 +90,8 @@ def multinode(out: str) -> None:
     **{f"multi_{k}": np.asarray(v) for k, v in multi.items()},
   )
   nodes = {"head": head.node_id, "other": other.node_id}
-  print(json.dumps({**nodes, "shard_nodes": shard_nodes, "worker_nodes": worker_nodes}))
+  rings = {"single_rings": single_rings, "multi_rings": multi_rings}
+  print(json.dumps({**nodes, "shard_nodes": shard_nodes, "worker_nodes": worker_nodes, **rings}))
 
 
 def _runtime(config: ad.Config, temp_dir: str, attempts: int = 3) -> ad.Runtime:

@@ -11,6 +11,7 @@ session is left.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ ray = pytest.importorskip("ray")
 import jax  # noqa: E402
 
 from optax_lena import aladdin as al  # noqa: E402
+from optax_lena._src.aladdin.ray import channel  # noqa: E402
 from optax_lena.aladdin import distributed as ad  # noqa: E402
 from tests.aladdin.ray import helpers  # noqa: E402
 
@@ -156,6 +158,9 @@ def test_every_message_is_received_or_counted_as_rejected_with_exactly_n_shards(
   with ad.Runtime(helpers.make_task(), config) as runtime:
     assert len(runtime.shards) == 3  # exactly as asked (the contiguous buffer cut in three)
     result = runtime.run(3.0, progress=False)
+    rings = glob.glob(os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{runtime.run_name}-*"))
+  assert all(w["shared_memory"] for w in result.workers) and len(rings) == 8
+  assert not any(os.path.exists(path) for path in rings)  # removed at shutdown
   sent = np.asarray([w["sent"] for w in result.workers])  # [worker, shard], after the flush
   assert sent.shape == (8, 3) and (sent[:, 0] > 0).all()
   for k, shard in enumerate(result.shards):
@@ -183,6 +188,8 @@ def test_killed_worker_restarts_from_the_global_model_while_others_continue(
     )
     result = runtime.run(8.0, progress=False)
   assert kill.at is not None and kill.error is None
+  # The killed process could not remove its shared-memory ring; the driver did, at shutdown.
+  assert not glob.glob(os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{runtime.run_name}-*"))
   info0, info1 = result.workers
   assert info0["incarnation"] == 1  # Ray restarted worker 0 in a new process ...
   assert info0["start_updates"] >= 10  # ... from the current global model ...
@@ -370,5 +377,7 @@ def test_misuse_is_refused_where_it_is_made() -> None:
     ad.Config(algorithm=helpers.spec("aladdin", reply_every=2))
   with pytest.raises(ValueError, match="worker_gpus"):
     ad.Config(algorithm=helpers.spec("aladdin"), worker_gpus=1.5)
+  with pytest.raises(ValueError, match="shared_memory must be a bool"):
+    ad.Config(algorithm=helpers.spec("aladdin"), shared_memory="no")  # type: ignore[arg-type]
   with pytest.raises(ValueError, match="ps_shards=100"):
     ad.Runtime(helpers.make_task(), ad.Config(algorithm=helpers.spec("aladdin"), ps_shards=100))

@@ -129,6 +129,11 @@ class Config:
       the exact values it sends, and every shard applies that verdict (no pass of its own);
       recheck where other code than this runtime's workers calls the shards, at the cost of one
       pass over every message.
+    shared_memory: a worker whose PS shards all run on its node passes its messages and their
+      replies through a ring in shared memory that it and the shards map (``/dev/shm``), and
+      its Ray calls carry only where they lie: copying a fold of messages through a call costs
+      both processes several times the call itself. False, or where the shards run elsewhere
+      or the ring would not fit: the messages travel in the calls.
   """
 
   algorithm: Any = "aladdin"
@@ -151,6 +156,7 @@ class Config:
   intra_op_threads: int | None = None
   pin_compute: bool | None = None
   recheck_messages: bool = False
+  shared_memory: bool = True
 
   def __post_init__(self) -> None:
     from optax_lena._src.aladdin import algorithms
@@ -199,8 +205,9 @@ class Config:
         "Config: pin_compute=True needs intra_op_threads=N, the cores each worker's step is "
         "pinned to (e.g. Config(pin_compute=True, intra_op_threads=1))."
       )
-    if not isinstance(self.recheck_messages, bool):
-      raise ValueError(f"Config: recheck_messages must be a bool, got {self.recheck_messages!r}.")
+    for name in ("recheck_messages", "shared_memory", "deterministic"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"Config: {name} must be a bool, got {getattr(self, name)!r}.")
     if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:
       raise ValueError(f"Config: worker_nice must be None or in [0, 19], got {self.worker_nice}.")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
-from optax_lena._src.aladdin.ray import bootstrap, schedulers
+from optax_lena._src.aladdin.ray import bootstrap, channel, schedulers
 from optax_lena._src.aladdin.ray.config import ClusterLostError, Config, RunResult, Task
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.progress import Progress
@@ -66,6 +66,7 @@ class Runtime:
     self.shards: list[Any] = []
     self.peers: list[Any] = []
     self.owns_cluster = False
+    self.run_name = channel.run_name()  # the workers' shared-memory rings are named after it
     self._closed = False
     self.signals = StopSignals()
     try:
@@ -104,7 +105,9 @@ class Runtime:
     nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
     worker_cls = ray.remote(Worker).options(**bootstrap.actor_options(config, "worker"))
     self.workers = [
-      worker_cls.remote(i, task, config, self.shards, self.peers, nice, threads, cores)
+      worker_cls.remote(
+        i, task, config, self.shards, self.peers, nice, threads, cores, self.run_name
+      )
       for i in range(config.num_workers)
     ]
     # Constructors (imports, restores, compilation, first fetch of the global model) finish
@@ -153,6 +156,7 @@ class Runtime:
             ray.kill(actor, no_restart=True)
         if self.owns_cluster:
           ray.shutdown()
+      channel.remove_rings(self.run_name)  # those of the workers killed on this node
       self.workers, self.shards, self.peers = [], [], []
       self.owns_cluster = False
       self._closed = True

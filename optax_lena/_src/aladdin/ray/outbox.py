@@ -7,16 +7,20 @@ queued message (up to ``max_fold``) into one call per shard while ``max_inflight
 unanswered, and replies are collected by completion callbacks, in call order: no polling.
 One call carries the same messages' slices to every shard; Ray runs one caller's calls on a
 synchronous actor in order, so every shard sees a worker's messages in the order it sent them.
+Where the shards run on the worker's node, a call's messages and replies go through the
+worker's shared-memory ring (:mod:`.channel`) and the call carries where they lie.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
+from optax_lena._src.aladdin.ray.channel import Ring, Rows
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 
 
@@ -33,6 +37,8 @@ class Outbox:
     min_fold: messages queued before a call is made (a flush sends fewer).
     unit: a call of more than ``unit`` messages carries a multiple of it (the rest waits for
       the next call), so that the shards compile few fold sizes.
+    ring: the worker's shared-memory ring, with ``max_inflight`` regions of ``max_fold``
+      messages (None: messages and replies travel in the calls).
   """
 
   def __init__(
@@ -44,11 +50,13 @@ class Outbox:
     max_fold: int,
     min_fold: int = 1,
     unit: int = 1,
+    ring: Ring | None = None,
   ):
     self.worker, self.shards, self.layout = worker, shards, layout
     self.max_inflight, self.max_fold = max_inflight, max_fold
     self.min_fold = min(min_fold, max_fold)
     self.unit = max(1, min(unit, max_fold))
+    self.ring = ring
     self._flushing = False
     self.sent = [0] * len(shards)  # messages (folded ones counted one by one) per shard
     self.calls = 0  # Ray calls per shard
@@ -120,12 +128,12 @@ class Outbox:
         self._slots[call] = {}
         self._cond.notify_all()
       try:
-        messages = np.stack([m for m, _ in batch])
         finite = np.asarray([f for _, f in batch])
-        parts = self.layout.split(messages)
-        for s, (shard, part) in enumerate(zip(self.shards, parts, strict=True)):
-          ref = shard.receive.remote(self.worker, np.ascontiguousarray(part), finite)
-          ref.future().add_done_callback(lambda future, c=call, s=s: self._done(c, s, future))
+        for s, (shard, part) in enumerate(zip(self.shards, self._parts(call, batch), strict=True)):
+          ref = shard.receive.remote(self.worker, part, finite)
+          ref.future().add_done_callback(
+            lambda future, c=call, s=s, p=part: self._done(c, s, p, future)
+          )
           self.sent[s] += len(batch)
         self.calls += 1
       except BaseException as err:
@@ -134,9 +142,24 @@ class Outbox:
           self._cond.notify_all()
         return
 
-  def _done(self, call: int, shard: int, future: Any) -> None:
+  def _parts(self, call: int, batch: list[tuple[np.ndarray, bool]]) -> list[Any]:
+    """What a call carries to each shard: its slices of the messages, or their rows in the
+    ring (region ``call % max_inflight``: the call ``max_inflight`` earlier has been released,
+    its replies copied out)."""
+    bounds = self.layout.bounds
+    if self.ring is None:
+      parts = self.layout.split(np.stack([m for m, _ in batch]))
+      return [np.ascontiguousarray(part) for part in parts]
+    region = call % self.max_inflight
+    self.ring.write(region, [m for m, _ in batch])
+    return [self.ring.rows(region, len(batch), a, b) for a, b in itertools.pairwise(bounds)]
+
+  def _done(self, call: int, shard: int, part: Any, future: Any) -> None:
     try:
       reply = future.result()
+      if reply is not None and reply[0] is None:  # its slices are in the ring's reply rows
+        assert self.ring is not None and isinstance(part, Rows)
+        reply = (self.ring.replies_of(part, len(reply[1])), reply[1])
     except BaseException as err:
       with self._cond:
         self._error = err

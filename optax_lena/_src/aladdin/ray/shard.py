@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.ray.iterations import max_fold
 
@@ -110,6 +111,7 @@ class ServerShard:
     # The state is donated: XLA updates the shard's buffers in place, message after message.
     receive = folded_receive(server, period, recheck=config.recheck_messages)
     self._receive = jax.jit(receive, donate_argnums=0)
+    self.rings = channel.Mapped(self.size, self.dtype, self.max_fold)
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
@@ -122,18 +124,23 @@ class ServerShard:
       zeros = np.zeros((k, self.size), self.dtype)
       jax.block_until_ready(self._receive(_own(self.state), zeros, np.zeros(k, bool), np.int32(0)))
 
-  def receive(self, worker: int, messages: np.ndarray, finite: np.ndarray) -> Any:
-    """Applies ``k`` messages of ``worker`` in order (``messages[k, slice]``, ``finite[k]`` the
-    sender's verdict on each whole message, so that a NaN in another shard's slice makes every
-    shard reject it and their counters stay equal).
+  def receive(self, worker: int, messages: Any, finite: np.ndarray) -> Any:
+    """Applies ``k`` messages of ``worker`` in order (``messages[k, slice]``, or a
+    :class:`~optax_lena._src.aladdin.ray.channel.Rows` record of where they lie in the worker's
+    shared-memory ring; ``finite[k]`` the sender's verdict on each whole message, so that a NaN
+    in another shard's slice makes every shard reject it and their counters stay equal).
 
     Returns:
       None, or ``(global slices[n], alphas[n])`` when ``n`` messages triggered a reply (ALADDIN's
-      global update, ASP's step, EASGD's exchange: then the worker's new slice), in order. A
-      message of the wrong shape or dtype, or from an unknown worker, is rejected and counted,
-      never applied.
+      global update, ASP's step, EASGD's exchange: then the worker's new slice), in order; for
+      messages read from a ring, ``(None, alphas[n])``, the slices written into the ring's reply
+      rows. A message of the wrong shape or dtype, or from an unknown worker, is rejected and
+      counted, never applied.
     """
     self.counts["calls"] += 1
+    rows = messages if isinstance(messages, channel.Rows) else None
+    if rows is not None:
+      messages = self.rings.read(rows) if self.rings.valid(rows) else np.zeros((rows.count, 0))
     messages = np.asarray(messages)
     if messages.ndim == 1:
       messages = messages[None]
@@ -150,16 +157,21 @@ class ServerShard:
     ):
       self.counts["rejected_malformed"] += k
       return None
+    # The ring's rows are read (and the fold applied) before the reply, which frees them.
     self.state, n, alphas, params = self._receive(self.state, messages, finite, np.int32(worker))
     n = int(n)
     if not n:
       return None
     self.counts["global_updates"] += n
     self.since_checkpoint += n
-    params = np.array(params[:n])  # a copy: the state's buffers are donated to the next message
     if self._manager is not None and self.since_checkpoint >= self.config.checkpoint_every:
       self.checkpoint()
-    return params, np.array(alphas[:n])
+    # Sliced on the host: slicing the device arrays would dispatch two more computations.
+    alphas = np.array(alphas)[:n]
+    if rows is not None:
+      self.rings.write_replies(rows, np.asarray(params)[:n])
+      return None, alphas
+    return np.array(np.asarray(params)[:n]), alphas  # a copy, owned by the reply
 
   # -- checkpoints --------------------------------------------------------------------------
 

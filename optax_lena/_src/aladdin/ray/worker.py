@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import Config, Task
 from optax_lena._src.aladdin.ray.iterations import max_fold
 from optax_lena._src.aladdin.ray.layout import FlatLayout
@@ -32,6 +33,7 @@ class Worker:
     nice: CPU priority decrease (``os.nice``).
     threads: XLA's intra-op threads (None: its default).
     cores: cores of its own to pin the step to (0: none; :mod:`.cores`).
+    run: the run's name, which its shared-memory ring is named after (:mod:`.channel`).
   """
 
   def __init__(
@@ -44,6 +46,7 @@ class Worker:
     nice: int = 0,
     threads: int | None = None,
     cores: int = 0,
+    run: str = "",
   ):
     if 0 < config.worker_gpus < 1:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
@@ -75,6 +78,7 @@ class Worker:
       fold,
       config.fold or period,
       period,
+      self._open_ring(run, fold, -(-fold // period)) if config.shared_memory else None,
     )
     context = ray.get_runtime_context()
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
@@ -128,6 +132,18 @@ class Worker:
     )  # results discarded: the model does not move
     periods = int(self.config.fold_seconds // max(period * step, 1e-9))
     return period * max(1, min(periods, most // period))
+
+  def _open_ring(self, run: str, fold: int, replies: int) -> channel.Ring | None:
+    """The worker's shared-memory ring where every shard runs on its node (else None)."""
+    import ray
+
+    if not self.shards:
+      return None
+    here = ray.get_runtime_context().get_node_id()
+    if any(s["node_id"] != here for s in ray.get([s.stats.remote() for s in self.shards])):
+      return None
+    regions, size, dtype = self.config.max_inflight, self.layout.size, self.layout.dtype
+    return channel.open_ring(run, self.index, regions, fold, replies, size, dtype)
 
   def _fetch_global(self) -> tuple[Any, int]:
     import ray
@@ -266,6 +282,7 @@ class Worker:
       **self.totals,
       "sent": list(self.outbox.sent),
       "calls": self.outbox.calls,
+      "shared_memory": self.outbox.ring is not None,
       "fold": self.outbox.min_fold,
       "node_id": context.get_node_id(),
       "devices": self.devices,

@@ -1,0 +1,211 @@
+"""A worker's messages to the PS shards on its own node, and their replies, through shared memory.
+
+A Ray call copies its inline arguments through gRPC: the caller serialises them, the callee
+parses and copies them. For a fold of a small model's messages (16 messages of a 12k-parameter
+CNN: 757 KiB) that costs each process several times what the call itself costs. So a worker
+whose shards all run on its node writes each fold into a :class:`Ring` of its own, a file in
+shared memory that the shards map too, and the call carries only a :class:`Rows` record: where
+the fold lies, which columns are the shard's, and where its replies go. The shards write the
+global slices they reply with into the same ring, and return only the number of replies and
+their alphas.
+
+The ring has one region per call in flight (``max_inflight``): a region is written only by the
+call that uses it, and used again only after every shard has answered that call and its replies
+have been copied out (the outbox's calls are released in order), so nothing in it is read and
+written at once. A shard reads its slice of the fold before it answers.
+
+Where it lives and when it goes: ``/dev/shm`` (memory, not disk), named after the run, reserved
+in full when it is created (a full ``/dev/shm`` then refuses the ring, and the worker uses
+Ray's calls, instead of failing later), and removed when the worker exits and by the driver
+when the run ends (a worker killed on another node than the driver's leaves its ring there;
+:data:`MAX_BYTES` bounds it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import mmap
+import os
+import secrets
+import tempfile
+import weakref
+from typing import Any
+
+import numpy as np
+
+DIRECTORY = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+PREFIX = "optax_lena-aladdin-"
+# Beyond this a fold's transfer, not the call, dominates, and Ray already passes large arguments
+# through its own shared memory.
+MAX_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """``count`` messages in region ``region`` of the ring at ``path``, the columns
+  ``[start, stop)`` of each for one shard, whose replies go to the same region's reply rows."""
+
+  path: str
+  shape: tuple[int, int, int, int]  # regions, message rows, reply rows, columns
+  dtype: str
+  region: int
+  count: int
+  start: int
+  stop: int
+
+
+def _map(path: str, nbytes: int) -> mmap.mmap:
+  fd = os.open(path, os.O_RDWR)
+  try:
+    if os.fstat(fd).st_size != nbytes:
+      raise ValueError(f"{path} holds {os.fstat(fd).st_size} bytes, not {nbytes}.")
+    return mmap.mmap(fd, nbytes)
+  finally:
+    os.close(fd)
+
+
+def _views(buffer: Any, shape: tuple[int, int, int, int], dtype: np.dtype) -> tuple[Any, Any]:
+  regions, rows, reply_rows, size = shape
+  messages = np.ndarray((regions, rows, size), dtype, buffer=buffer)
+  replies = np.ndarray((regions, reply_rows, size), dtype, buffer=buffer, offset=messages.nbytes)
+  return messages, replies
+
+
+def _nbytes(shape: tuple[int, int, int, int], dtype: np.dtype) -> int:
+  regions, rows, reply_rows, size = shape
+  return regions * (rows + reply_rows) * size * dtype.itemsize
+
+
+def _remove(path: str) -> None:
+  with contextlib.suppress(FileNotFoundError):
+    os.unlink(path)
+
+
+class Ring:
+  """A worker's ring: ``regions`` regions of ``rows`` messages and ``reply_rows`` replies.
+
+  Args:
+    run: the run's name (:func:`run_name`), which the driver removes its rings by.
+    worker: the worker's index.
+    regions: calls in flight.
+    rows: messages one call carries at most.
+    reply_rows: replies one call brings at most.
+    size: the length of a message (the flat model).
+    dtype: its dtype.
+
+  Raises:
+    OSError: the ring does not fit in shared memory (see :func:`open_ring`).
+  """
+
+  def __init__(
+    self, run: str, worker: int, regions: int, rows: int, reply_rows: int, size: int, dtype: Any
+  ):
+    self.dtype = np.dtype(dtype)
+    self.shape = (regions, rows, reply_rows, size)
+    nbytes = _nbytes(self.shape, self.dtype)
+    name = f"{PREFIX}{run}-w{worker}-{os.getpid()}-{secrets.token_hex(4)}"
+    self.path = os.path.join(DIRECTORY, name)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    self._finalizer = weakref.finalize(self, _remove, self.path)
+    try:
+      # Reserved now: a full tmpfs refuses it here (ENOSPC) instead of killing the worker with
+      # SIGBUS when a page is first written.
+      os.posix_fallocate(fd, 0, nbytes)
+      self._mmap = mmap.mmap(fd, nbytes)
+    except BaseException:
+      self._finalizer()
+      raise
+    finally:
+      os.close(fd)
+    self.messages, self.replies = _views(self._mmap, self.shape, self.dtype)
+
+  def write(self, region: int, messages: list[np.ndarray]) -> None:
+    """Writes a call's messages into its region."""
+    rows = self.messages[region]
+    for row, message in enumerate(messages):
+      rows[row] = message
+
+  def rows(self, region: int, count: int, start: int, stop: int) -> Rows:
+    """The record a shard reads columns ``[start, stop)`` of a call's messages by."""
+    return Rows(self.path, self.shape, self.dtype.str, region, count, start, stop)
+
+  def replies_of(self, rows: Rows, count: int) -> np.ndarray:
+    """A copy of the ``count`` replies a shard wrote for the call of ``rows``."""
+    return self.replies[rows.region, :count, rows.start : rows.stop].copy()
+
+  def close(self) -> None:
+    """Removes the file (the mappings of the shards live on until they close them)."""
+    self._finalizer()
+
+
+def open_ring(
+  run: str, worker: int, regions: int, rows: int, reply_rows: int, size: int, dtype: Any
+) -> Ring | None:
+  """A :class:`Ring`, or None where it would exceed :data:`MAX_BYTES` or shared memory has no
+  room for it (then the worker's messages travel in Ray's calls)."""
+  if _nbytes((regions, rows, reply_rows, size), np.dtype(dtype)) > MAX_BYTES:
+    return None
+  try:
+    return Ring(run, worker, regions, rows, reply_rows, size, dtype)
+  except OSError:
+    return None
+
+
+class Mapped:
+  """The rings a shard has mapped, by path; reads a call's messages and writes its replies."""
+
+  def __init__(self, size: int, dtype: Any, max_rows: int):
+    self.size, self.dtype, self.max_rows = size, np.dtype(dtype), max_rows
+    self._rings: dict[str, tuple[Any, Any]] = {}
+
+  def valid(self, rows: Any) -> bool:
+    """Whether ``rows`` names this shard's slice of messages of a ring of this run's shape."""
+    if not isinstance(rows, Rows):
+      return False
+    regions, count_max, _, size = rows.shape
+    return (
+      os.path.dirname(rows.path) == DIRECTORY
+      and os.path.basename(rows.path).startswith(PREFIX)
+      and rows.dtype == self.dtype.str
+      and rows.stop - rows.start == self.size
+      and 0 <= rows.start < rows.stop <= size
+      and 0 <= rows.region < regions
+      and 1 <= rows.count <= min(count_max, self.max_rows)
+    )
+
+  def _views(self, rows: Rows) -> tuple[Any, Any]:
+    views = self._rings.get(rows.path)
+    if views is None:
+      try:
+        buffer = _map(rows.path, _nbytes(rows.shape, self.dtype))
+      except (OSError, ValueError) as err:
+        raise ValueError(
+          f"This PS shard cannot open the worker's shared-memory ring {rows.path} ({err}): it "
+          "runs on another node than the worker (was it restarted elsewhere?). Run with "
+          "Config(shared_memory=False) to send every message through Ray's calls."
+        ) from err
+      views = self._rings[rows.path] = _views(buffer, rows.shape, self.dtype)
+    return views
+
+  def read(self, rows: Rows) -> np.ndarray:
+    """The shard's columns of the call's messages (a view into the ring)."""
+    messages, _ = self._views(rows)
+    return messages[rows.region, : rows.count, rows.start : rows.stop]
+
+  def write_replies(self, rows: Rows, replies: np.ndarray) -> None:
+    """Writes the shard's columns of the call's replies."""
+    _, ring_replies = self._views(rows)
+    ring_replies[rows.region, : len(replies), rows.start : rows.stop] = replies
+
+
+def run_name() -> str:
+  """A new run's name: its rings' files start with ``PREFIX + name``."""
+  return secrets.token_hex(6)
+
+
+def remove_rings(run: str) -> None:
+  """Removes every ring of run ``run`` on this node (workers killed before they could)."""
+  for path in glob.glob(os.path.join(DIRECTORY, f"{PREFIX}{run}-*")):
+    _remove(path)
