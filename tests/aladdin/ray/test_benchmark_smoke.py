@@ -1,4 +1,4 @@
-"""The Ray efficiency benchmark runs end to end (seconds-long runs) and reports every ratio."""
+"""The Ray benchmarks run end to end (seconds-long runs) and report every ratio."""
 
 from __future__ import annotations
 
@@ -37,3 +37,22 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
   (run,) = results["cluster"]["runs"]["default"]
   assert len(run["wait_fraction"]) == 2 and run["throughput"] > 0
   assert "| 32 |" in done.stdout and "efficiency" in done.stdout
+
+
+def test_call_cost_benchmark_smoke(tmp_path: Path) -> None:
+  out = tmp_path / "call_cost.json"
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.aladdin.ray_call_cost", "--smoke", "--out", str(out)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  (row,) = json.loads(out.read_text())["rows"]
+  (inline,), (ring,) = row["runs"]["inline"], row["runs"]["ring"]
+  for run in (inline, ring):
+    assert run["wall_ms"] > 0 and run["caller_cpu_ms"] > 0 and run["callee_cpu_ms"] >= 0
+  if ring["callee_cpu_ms"] > 0:  # CPU times tick every 10 ms
+    assert row["callee_cpu_ms_ratio"] == inline["callee_cpu_ms"] / ring["callee_cpu_ms"]
+  assert out.with_suffix(".png").exists() and "| 4 (189) |" in done.stdout
