@@ -129,7 +129,7 @@ def test_bad_messages_are_rejected_counted_and_never_applied(
         shard.receive.remote(0, np.ones((1, size + 1), np.float32), yes),  # wrong size
         shard.receive.remote(0, good.astype(np.float64), yes),  # wrong dtype
         shard.receive.remote(7, good, yes),  # no such worker
-        shard.receive.remote(0, np.ones((9, size), np.float32), np.ones(9, bool)),  # > 4 periods
+        shard.receive.remote(0, np.ones((17, size), np.float32), np.ones(17, bool)),  # > 8 periods
       ]
     )
     assert replies == [None] * 7
@@ -367,8 +367,8 @@ def _cpu_ticks(pid: int) -> dict[int, int]:
 def test_misuse_is_refused_where_it_is_made() -> None:
   with pytest.raises(ValueError, match="worker_tx"):
     ad.Config(algorithm="aladdin")
-  with pytest.raises(ValueError, match="fold=9 exceeds"):  # 4 periods of 2
-    ad.Config(algorithm=helpers.spec("aladdin"), fold=9)
+  with pytest.raises(ValueError, match="fold=17 exceeds"):  # 8 periods of 2
+    ad.Config(algorithm=helpers.spec("aladdin"), fold=17)
   with pytest.raises(ValueError, match="slowdown"):
     ad.Config(algorithm=helpers.spec("sgp"), num_workers=2, slowdown={2: 3.0})
   with pytest.raises(ValueError, match="checkpoint_dir needs"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,3 +127,45 @@ def test_the_shard_applies_its_senders_verdict_or_rechecks(recheck: bool) -> Non
   assert shard.receive(0, nan, np.zeros(1, bool)) is None
   assert shard.receive(0, nan, np.ones(1, bool)) is None
   assert int(shard.state.num_rejected) == 1 + int(recheck)
+
+
+@pytest.mark.parametrize("through_ring", [False, True])
+def test_a_call_longer_than_a_block_is_its_messages_in_separate_calls(through_ring: bool) -> None:
+  """A call of up to FOLD_PERIODS periods is applied in blocks of BLOCK_PERIODS (the sizes
+  compiled at start-up): the state and the replies, in order, are those of one call per
+  message, its messages and replies in the call or in the worker's shared-memory ring."""
+  from optax_lena._src.aladdin.ray import channel
+  from optax_lena._src.aladdin.ray.iterations import BLOCK_PERIODS, FOLD_PERIODS
+  from optax_lena._src.aladdin.ray.shard import ServerShard
+  from optax_lena.aladdin import distributed as ad
+
+  period, size = 2, 10
+  spec = al.algorithm("aladdin", worker_tx=al.local_optimizer(0.1), period=period)
+  config = ad.Config(spec, num_workers=2)
+  folded, one_by_one = (ServerShard(0, np.zeros(size, np.float32), config) for _ in range(2))
+  assert folded.block == BLOCK_PERIODS * period < folded.max_fold == FOLD_PERIODS * period
+  k = folded.max_fold
+  messages = np.random.default_rng(2).normal(size=(k, size)).astype(np.float32)
+  finite = np.ones(k, bool)
+  finite[5] = False  # rejected, in the first block
+  run = channel.run_name()
+  try:
+    arg: Any = messages
+    if through_ring:
+      ring = channel.open_ring(run, 0, 1, k, k // period, size, np.float32)
+      assert ring is not None
+      ring.write(0, list(messages))
+      arg = ring.rows(0, k, 0, size)
+    reply = folded.receive(0, arg, finite)
+    want = [one_by_one.receive(0, messages[i : i + 1], finite[i : i + 1]) for i in range(k)]
+    slices = np.stack([r[0][0] for r in want if r is not None])
+    alphas = np.concatenate([r[1] for r in want if r is not None])
+    assert len(alphas) > folded.block // period  # replies from both blocks
+    np.testing.assert_array_equal(reply[1], alphas)
+    got = ring.replies_of(arg, len(alphas)) if through_ring else reply[0]
+    assert (reply[0] is None) == through_ring
+    np.testing.assert_array_equal(got, slices)
+    jax.tree.map(np.testing.assert_array_equal, folded.state, one_by_one.state)
+    assert folded.counts["global_updates"] == one_by_one.counts["global_updates"] == len(alphas)
+  finally:
+    channel.remove_rings(run)

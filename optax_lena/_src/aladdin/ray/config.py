@@ -92,16 +92,16 @@ class Config:
       started on a directory that holds checkpoints resumes from them.
     checkpoint_every: a shard saves its state after the call that brings its global updates
       since the last save to this many (a fold of several periods may make more than one).
-    fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 4
+    fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 8
       periods; None: whole periods, as many as the worker's step computes in ``fold_seconds``,
-      timed at start-up). The server still counts and applies them one by one, in order
-      (Algorithm 2 unchanged), and replies with every global update they triggered; folding only
-      saves Ray calls, which cost far more than a small model's message, at the price of the
-      first messages of a fold reaching g~ up to ``fold - 1`` steps later (as a slower network
-      would).
+      timed at start-up and then over each chunk). The server still counts and applies them one
+      by one, in order (Algorithm 2 unchanged), and replies with every global update they
+      triggered; folding only saves Ray calls, which cost far more than a small model's
+      message, at the price of the first messages of a fold reaching g~ up to ``fold - 1``
+      steps later (as a slower network would).
     fold_seconds: the compute time that a default ``fold`` spans (see ``fold``).
     max_inflight: unanswered calls per worker and shard; beyond it an ALADDIN worker keeps
-      folding (up to 4 periods of messages in the next call), and waits only when that fold is
+      folding (up to 8 periods of messages in the next call), and waits only when that fold is
       full too (back-pressure).
     chunk_seconds: wall time of one worker call scheduled by the driver.
     seed: seeds the workers' data order.

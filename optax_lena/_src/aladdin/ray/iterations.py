@@ -33,7 +33,10 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
 
 # ALADDIN's calls carry up to this many periods of a worker's messages: a worker that outruns
 # its calls folds what it queued into the next one instead of waiting (back-pressure).
-FOLD_PERIODS = 4
+FOLD_PERIODS = 8
+# A shard applies a call's messages in blocks of up to this many periods, one compiled call
+# each: it compiles every block size before the run, and a larger one costs seconds more.
+BLOCK_PERIODS = 4
 
 
 def max_fold(iteration: type, spec: Any) -> int:

@@ -85,6 +85,12 @@ class Outbox:
         waited = time.perf_counter() - t0
     return waited
 
+  def set_min_fold(self, min_fold: int) -> None:
+    """Makes calls of at least ``min_fold`` messages from now on (``max_fold`` at most)."""
+    with self._cond:
+      self.min_fold = max(1, min(min_fold, self.max_fold))
+      self._cond.notify_all()
+
   def take(self) -> list[list[Any]]:
     """The replies of every call answered since the last take (per call, per shard)."""
     with self._cond:

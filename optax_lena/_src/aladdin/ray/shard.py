@@ -14,7 +14,7 @@ import numpy as np
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import Config
-from optax_lena._src.aladdin.ray.iterations import max_fold
+from optax_lena._src.aladdin.ray.iterations import BLOCK_PERIODS, max_fold
 
 
 def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
@@ -115,11 +115,11 @@ class ServerShard:
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
-    # Compiles the usual fold sizes before the run's clock starts (result discarded): up to a
-    # period (flushes, slow steps) and whole periods (a worker that outran its calls).
-    sizes = sorted(
-      {*range(1, min(period, self.max_fold) + 1), *range(period, self.max_fold + 1, period)}
-    )
+    # A call's messages are applied in blocks of up to BLOCK_PERIODS periods (the same values as
+    # one block, or one message at a time). Every block size is compiled before the run's clock
+    # starts (result discarded): up to a period (flushes, slow steps) and whole periods.
+    self.block = min(self.max_fold, BLOCK_PERIODS * period)
+    sizes = sorted({*range(1, min(period, self.block) + 1), *range(period, self.block + 1, period)})
     for k in sizes:
       zeros = np.zeros((k, self.size), self.dtype)
       jax.block_until_ready(self._receive(_own(self.state), zeros, np.zeros(k, bool), np.int32(0)))
@@ -158,20 +158,28 @@ class ServerShard:
       self.counts["rejected_malformed"] += k
       return None
     # The ring's rows are read (and the fold applied) before the reply, which frees them.
-    self.state, n, alphas, params = self._receive(self.state, messages, finite, np.int32(worker))
-    n = int(n)
-    if not n:
+    blocks: list[tuple[np.ndarray, np.ndarray]] = []
+    for a in range(0, k, self.block):
+      block = slice(a, a + self.block)
+      self.state, n, alphas, params = self._receive(
+        self.state, messages[block], finite[block], np.int32(worker)
+      )
+      n = int(n)
+      if n:  # sliced on the host: slicing the device arrays would dispatch more computations
+        blocks.append((np.asarray(params)[:n], np.asarray(alphas)[:n]))
+    if not blocks:
       return None
+    # Copies, the reply's own (the device buffers are reused by the next call).
+    params, alphas = (np.concatenate(part) for part in zip(*blocks, strict=True))
+    n = len(alphas)
     self.counts["global_updates"] += n
     self.since_checkpoint += n
     if self._manager is not None and self.since_checkpoint >= self.config.checkpoint_every:
       self.checkpoint()
-    # Sliced on the host: slicing the device arrays would dispatch two more computations.
-    alphas = np.array(alphas)[:n]
     if rows is not None:
-      self.rings.write_replies(rows, np.asarray(params)[:n])
+      self.rings.write_replies(rows, params)
       return None, alphas
-    return np.array(np.asarray(params)[:n]), alphas  # a copy, owned by the reply
+    return params, alphas
 
   # -- checkpoints --------------------------------------------------------------------------
 

@@ -106,8 +106,11 @@ class Worker:
     self.algorithm.warm_up(first)
     if claim is not None:
       placement.follow_the_step(claim, lambda: self.algorithm.warm_up(first))
-    if config.fold is None and fold > period:
-      self.outbox.min_fold = self._default_fold(first, period, fold)
+    # The default fold follows the step's time: timed now, then over each chunk (a step timed
+    # while the other actors start up is slower than in the run).
+    self.adapt_fold = config.fold is None and fold > period
+    if self.adapt_fold:
+      self._fold_for(self._time_step(first))
     layout = self.layout
     self._merge = jax.jit(
       lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
@@ -117,21 +120,24 @@ class Worker:
       jax.block_until_ready(self._merge(self.params, self.global_flat, self.alphas))
     self.devices = [str(d) for d in jax.local_devices()]
 
-  def _default_fold(self, batch: Any, period: int, most: int) -> int:
-    """Whole periods of messages, as many as this worker computes in ``config.fold_seconds``
-    (1 period at least, ``most`` messages at most): a Ray call costs the worker and the shard a
-    fixed CPU time that short steps would otherwise pay every period, while the first message of
-    a fold still reaches the shards at most about ``fold_seconds`` later."""
+  def _time_step(self, batch: Any) -> float:
+    """The median seconds of 5 local steps (results discarded: the model does not move)."""
     import statistics
 
     from optax_lena._src.aladdin.ray.iterations import timed
 
     plain = self.algorithm.plain
-    step = statistics.median(
-      timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5)
-    )  # results discarded: the model does not move
-    periods = int(self.config.fold_seconds // max(period * step, 1e-9))
-    return period * max(1, min(periods, most // period))
+    return statistics.median(timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5))
+
+  def _fold_for(self, step_seconds: float) -> None:
+    """Sets the fold to whole periods of messages, as many as this worker computes in
+    ``config.fold_seconds`` (1 period at least, the outbox's ``max_fold`` at most): a Ray call
+    costs the worker and the shard a fixed CPU time that short steps would otherwise pay every
+    period, while the first message of a fold still reaches the shards at most about
+    ``fold_seconds`` later."""
+    period, most = self.outbox.unit, self.outbox.max_fold
+    periods = int(self.config.fold_seconds // max(period * step_seconds, 1e-9))
+    self.outbox.set_min_fold(period * max(1, min(periods, most // period)))
 
   def _open_ring(self, run: str, fold: int, replies: int) -> channel.Ring | None:
     """The worker's shared-memory ring where every shard runs on its node (else None)."""
@@ -232,6 +238,8 @@ class Worker:
     for key in TOTALS:
       self.totals[key] += stats[key]
     stats["merges"] = self.totals["merges"] - merges
+    if self.adapt_fold and stats["iterations"] and stats["compute_s"] > 0:
+      self._fold_for(stats["compute_s"] / stats["iterations"])
     return {**stats, **self._identity()}
 
   def step_sync(self) -> dict[str, Any]:
