@@ -130,13 +130,17 @@ def test_bad_messages_are_rejected_counted_and_never_applied(
         shard.receive.remote(0, good.astype(np.float64), yes),  # wrong dtype
         shard.receive.remote(7, good, yes),  # no such worker
         shard.receive.remote(0, np.ones((17, size), np.float32), np.ones(17, bool)),  # > 8 periods
+        # Rows of a "ring" that is no worker's: never opened.
+        shard.receive.remote(
+          0, channel.Rows("/etc/passwd", (1, 1, 1, size), "<f4", 0, 1, 0, size), yes
+        ),
       ]
     )
-    assert replies == [None] * 7
+    assert replies == [None] * 8
     stats = runtime.shard_stats()[0]
-    assert stats["received"] == 15
+    assert stats["received"] == 24
     assert stats["rejected_by_server"] == 3  # non-finite, or refused by its sender
-    assert stats["rejected_malformed"] == 12  # 4 messages, one of them a fold of 9
+    assert stats["rejected_malformed"] == 21  # 5 calls, one of them a fold of 17
     assert stats["global_updates"] == 0
     jax.tree.map(np.testing.assert_array_equal, runtime.global_params(), before)
 
