@@ -100,8 +100,10 @@ def measure(folds: list[int], calls: int, repeats: int) -> list[dict[str, Any]]:
 
   from optax_lena._src.aladdin.ray import channel
 
-  callee = ray.remote(num_cpus=0)(_Callee).remote(max(folds))
-  ring = channel.open_ring(channel.run_name(), 0, MAX_INFLIGHT, max(folds), 4, SIZE, np.float32)
+  most = max(folds)
+  callee = ray.remote(num_cpus=0)(_Callee).remote(most)
+  run = channel.run_name()
+  ring = channel.open_ring(run, 0, MAX_INFLIGHT, most, -(-most // PERIOD), SIZE, np.float32)
   assert ring is not None, "no room for the ring in shared memory"
   rows: list[dict[str, Any]] = []
   try:
@@ -184,7 +186,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-  parser.add_argument("--folds", type=int, nargs="+", default=[1, 4, 16])
+  parser.add_argument("--folds", type=int, nargs="+", default=[1, 4, 16, 32])
   parser.add_argument("--calls", type=int, default=300, help="per run")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--smoke", action="store_true", help="a few calls (CI)")
