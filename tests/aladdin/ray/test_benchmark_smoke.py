@@ -16,16 +16,22 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
-  out = tmp_path / "efficiency.json"
+def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
+  """``python -m benchmarks.aladdin.MODULE --smoke --out OUT``, checked to exit 0."""
   done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.aladdin.ray_efficiency", "--smoke", "--out", str(out)],
+    [sys.executable, "-m", f"benchmarks.aladdin.{module}", "--smoke", "--out", str(out)],
     cwd=ROOT,
     capture_output=True,
     text=True,
     timeout=900,
   )
   assert done.returncode == 0, done.stderr[-3000:]
+  return done
+
+
+def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
+  out = tmp_path / "efficiency.json"
+  done = _smoke("ray_efficiency", out)
   results = json.loads(out.read_text())
   (single,) = results["single"]
   pair = single["pairs"][0]
@@ -41,14 +47,7 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
 
 def test_call_cost_benchmark_smoke(tmp_path: Path) -> None:
   out = tmp_path / "call_cost.json"
-  done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.aladdin.ray_call_cost", "--smoke", "--out", str(out)],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
+  done = _smoke("ray_call_cost", out)
   (row,) = json.loads(out.read_text())["rows"]
   (inline,), (ring,) = row["runs"]["inline"], row["runs"]["ring"]
   for run in (inline, ring):

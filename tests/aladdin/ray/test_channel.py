@@ -48,6 +48,7 @@ def test_a_shard_reads_its_columns_and_the_worker_its_replies(run: str) -> None:
     dataclasses.replace(rows, region=2),
     dataclasses.replace(rows, count=0),
     dataclasses.replace(rows, count=5),
+    dataclasses.replace(rows, shape=(2, 4)),
     messages,
   ):
     assert not shard.valid(bad)

@@ -162,9 +162,12 @@ class Mapped:
 
   def valid(self, rows: Any) -> bool:
     """Whether ``rows`` names this shard's slice of messages of a ring of this run's shape."""
-    if not isinstance(rows, Rows):
+    shape = getattr(rows, "shape", None)
+    if not isinstance(rows, Rows) or not (
+      isinstance(shape, tuple) and len(shape) == 4 and all(isinstance(x, int) for x in shape)
+    ):
       return False
-    regions, count_max, _, size = rows.shape
+    regions, count_max, _, size = shape
     return (
       os.path.dirname(rows.path) == DIRECTORY
       and os.path.basename(rows.path).startswith(PREFIX)

@@ -139,8 +139,13 @@ class ServerShard:
     """
     self.counts["calls"] += 1
     rows = messages if isinstance(messages, channel.Rows) else None
+    if rows is not None and not self.rings.valid(rows):
+      count = rows.count if isinstance(rows.count, int) and rows.count > 0 else 1
+      self.counts["received"] += count
+      self.counts["rejected_malformed"] += count
+      return None
     if rows is not None:
-      messages = self.rings.read(rows) if self.rings.valid(rows) else np.zeros((rows.count, 0))
+      messages = self.rings.read(rows)
     messages = np.asarray(messages)
     if messages.ndim == 1:
       messages = messages[None]
