@@ -230,8 +230,7 @@ class Worker:
     ):
       for key, value in self._counted(self.algorithm.iterate(False, deadline)).items():
         stats[key] += value
-    last = self.algorithm.finish()  # a chunk leaves no step in flight
-    if last is not None:
+    while (last := self.algorithm.finish()) is not None:  # a chunk leaves no step in flight
       for key, value in self._counted(last).items():
         stats[key] += value
     stats["busy_s"] = time.perf_counter() - start
