@@ -762,11 +762,16 @@ def test_one_transformation_under_pmap_and_jit_at_once():
       out["pmap"] = (params0, tx.init(params0))
     if "jit" in which:
       out["jit"] = (params0, tx.init(params0))
+    # Each step is waited for: "at once" means one transformation object in both programs, not
+    # concurrent executions. With the pmap's 8 CPU participants dispatched asynchronously next
+    # to other work, XLA:CPU's all-reduce rendezvous can wait for a participant that never
+    # starts on a loaded machine, and aborts the process after 40 s (reproduced under load: 1
+    # run in 5 with three CPU-bound processes beside it).
     for t in range(5):
       if "pmap" in out:
-        out["pmap"] = first(pmap_step(*out["pmap"], x[t], y[t]))
+        out["pmap"] = jax.block_until_ready(first(pmap_step(*out["pmap"], x[t], y[t])))
       if "jit" in out:
-        out["jit"] = jit_step(*out["jit"], x[t], y[t])
+        out["jit"] = jax.block_until_ready(jit_step(*out["jit"], x[t], y[t]))
     return out
 
   together = run(("pmap", "jit"))
