@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
+from benchmarks.aladdin.ray_efficiency import cpu_seconds
 
 SIZE, PERIOD, MAX_INFLIGHT = 12_106, 4, 2
 
@@ -58,13 +59,6 @@ class _Callee:
     return replies, alphas
 
 
-def _cpu_seconds(pid: int) -> float:
-  import psutil
-
-  times = psutil.Process(pid).cpu_times()
-  return times.user + times.system
-
-
 def _calls(callee: Any, ring: Any, fold: int, calls: int) -> dict[str, float]:
   """``calls`` calls of ``fold`` messages (in ``ring``, or inline when None)."""
   import ray
@@ -73,7 +67,7 @@ def _calls(callee: Any, ring: Any, fold: int, calls: int) -> dict[str, float]:
   finite = np.ones(fold, bool)
   pid = ray.get(callee.pid.remote())
   inflight: list[Any] = []
-  callee0, caller0, t0 = _cpu_seconds(pid), time.process_time(), time.perf_counter()
+  callee0, caller0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
   for call in range(calls):
     if len(inflight) == MAX_INFLIGHT:
       reply = ray.get(inflight.pop(0))
@@ -91,7 +85,7 @@ def _calls(callee: Any, ring: Any, fold: int, calls: int) -> dict[str, float]:
   return {
     "wall_ms": 1e3 * wall / calls,
     "caller_cpu_ms": 1e3 * (time.process_time() - caller0) / calls,
-    "callee_cpu_ms": 1e3 * (_cpu_seconds(pid) - callee0) / calls,
+    "callee_cpu_ms": 1e3 * (cpu_seconds(pid) - callee0) / calls,
   }
 
 

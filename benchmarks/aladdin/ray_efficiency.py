@@ -39,7 +39,8 @@ from typing import Any
 from benchmarks import harness
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
+  """The CPU seconds (user + system) process ``pid`` has spent."""
   import psutil
 
   times = psutil.Process(pid).cpu_times()
@@ -135,9 +136,9 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
         conn.send((seconds, placement, wait))
         loops[key] = conn.recv()
       fastest = max(loops.values(), key=lambda r: r["throughput"])
-      cpu0 = [_cpu_seconds(p) for p in pids]
+      cpu0 = [cpu_seconds(p) for p in pids]
       result = runtime.run(seconds, progress=False)
-      cpu = [_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+      cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
       its = result.iterations[0]
       pairs.append(
         {
