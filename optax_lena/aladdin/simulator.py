@@ -7,7 +7,7 @@ helpers below are its cost model; a :class:`Simulator` keeps one algorithm's com
 for many runs. See ``docs/ALADDIN.md``, section 5.
 """
 
-from optax_lena._src.aladdin.cluster import (
+from optax_lena._src.aladdin.sim.cluster import (
   GIGABIT,
   PAPER_MODELS,
   PAPER_SLOWDOWNS,
@@ -17,7 +17,7 @@ from optax_lena._src.aladdin.cluster import (
   make_cluster,
   paper_cluster,
 )
-from optax_lena._src.aladdin.simulator import (
+from optax_lena._src.aladdin.sim.simulator import (
   ALGORITHMS,
   Algorithm,
   EvalPoint,

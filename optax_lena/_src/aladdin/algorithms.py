@@ -3,9 +3,11 @@
 An algorithm is a frozen, validated spec (:class:`Aladdin`, :class:`ArSgd`, :class:`Asp`,
 :class:`Easgd`, :class:`Sgp`) with one spelling of every option for every engine, and the
 registry (:func:`register`, :func:`algorithm`, :func:`entry`) is the one table that maps a name
-to its spec. An engine attaches its own piece to a registry entry (the simulator its process,
-the Ray runtime its worker iteration function: :meth:`Entry.attach`), so adding an algorithm is
-its pure pieces (a spec, and a server if it has one) plus one piece per engine, nothing else.
+to its spec. Every spec carries its algorithm's pure pieces: the worker side
+(:meth:`Spec.program`, a :class:`~optax_lena._src.aladdin.worker.WorkerProgram` that both engines
+run) and the server (:meth:`Spec.server`, if it has one). An engine attaches only its message
+pattern to a registry entry (the simulator its process, the Ray runtime its iteration:
+:meth:`Entry.attach`).
 
 The defaults of :class:`Aladdin` are the recommended recipe (``docs/ALADDIN.md``); the printed
 paper (Algorithms 1 and 2 read literally) is ``message="gradient", server_tx=optax.sgd(eta),
@@ -16,12 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from optax_lena._src.aladdin import checks
-from optax_lena._src.aladdin.worker import check_message, local_step
+from optax_lena._src.aladdin.worker import (
+  LocalState,
+  WorkerProgram,
+  check_message,
+  local_step,
+  stepping_program,
+)
 
 PyTree = Any
 
@@ -60,6 +70,11 @@ class Spec:
 
   name: ClassVar[str]
   uses_worker_tx: ClassVar[bool] = True
+  # Whether the workers' own models differ from the evaluated global one (the simulator then
+  # also evaluates their average: ``EvalPoint.local_accuracy``).
+  distinct_locals: ClassVar[bool] = False
+  # A barrier every iteration: every worker runs the same number of iterations (AR-SGD).
+  synchronous: ClassVar[bool] = False
 
   worker_tx: optax.GradientTransformation | None = None
   label: str = ""
@@ -91,6 +106,23 @@ class Spec:
     del num_workers
     return None
 
+  def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
+    """The worker side of this algorithm (pure, jittable), run by every engine.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch) -> scalar``.
+      num_workers: n.
+
+    Returns:
+      A :class:`~optax_lena._src.aladdin.worker.WorkerProgram`.
+    """
+    raise NotImplementedError(f"{type(self).__name__} defines no worker program.")
+
+  def _tx(self) -> optax.GradientTransformation:
+    self.check_trainable()
+    assert self.worker_tx is not None
+    return self.worker_tx
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Aladdin(Spec):
@@ -114,6 +146,7 @@ class Aladdin(Spec):
   """
 
   name: ClassVar[str] = "aladdin"
+  distinct_locals: ClassVar[bool] = True
 
   server_tx: optax.GradientTransformation | None = None
   message: str = "update"
@@ -164,9 +197,11 @@ class Aladdin(Spec):
   def worker_step(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     """The worker's pure step ``(params, opt_state, batch) -> (params, opt_state, message,
     loss)`` (``al.local_step`` with this spec's ``message``)."""
-    self.check_trainable()
-    assert self.worker_tx is not None
-    return local_step(loss_fn, self.worker_tx, message=self.message)
+    return local_step(loss_fn, self._tx(), message=self.message)
+
+  def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
+    """Local steps that push this spec's ``message``; a reply is merged by Eq. 3."""
+    return stepping_program(self.worker_step(loss_fn), self._tx())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,6 +209,21 @@ class ArSgd(Spec):
   """AR-SGD: a barrier every iteration, ``worker_tx`` steps on the mean of the n gradients."""
 
   name: ClassVar[str] = "ar_sgd"
+  synchronous: ClassVar[bool] = True
+
+  def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
+    """The message is the gradient at the model; the reply, the mean gradient, is stepped on."""
+    tx, grad = self._tx(), jax.value_and_grad(loss_fn)
+
+    def gradient(params, opt_state, batch):
+      loss, grads = grad(params, batch)
+      return params, opt_state, grads, loss
+
+    def apply(state: LocalState, mean: Any) -> LocalState:
+      updates, opt_state = tx.update(mean, state.opt_state, state.params)
+      return LocalState(optax.apply_updates(state.params, updates), opt_state)
+
+    return stepping_program(gradient, tx, apply)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -207,6 +257,16 @@ class Asp(Spec):
         "momentum=0.9)) (ASP's workers have none)."
       )
 
+  def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
+    """The message is the gradient at the model; the reply, x~, is adopted."""
+    grad = jax.value_and_grad(loss_fn)
+
+    def gradient(params, opt_state, batch):
+      loss, grads = grad(params, batch)
+      return params, opt_state, grads, loss
+
+    return stepping_program(gradient, None)
+
   def server(self, num_workers: int) -> Server:
     from optax_lena._src.aladdin.baselines import asp_server
 
@@ -226,6 +286,7 @@ class Easgd(Spec):
   """
 
   name: ClassVar[str] = "easgd"
+  distinct_locals: ClassVar[bool] = True
 
   tau: int = 2
   beta: float | None = None
@@ -243,6 +304,17 @@ class Easgd(Spec):
     from optax_lena._src.aladdin.baselines import easgd_server
 
     return easgd_server(num_workers, beta=self.beta, tau=self.tau)
+
+  def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
+    """Local steps whose message is the new local model; the exchange's answer is adopted.
+    (Every step makes the message; the engines send every ``tau``-th.)"""
+    step = local_step(loss_fn, self._tx(), message="gradient")
+
+    def model_step(params, opt_state, batch):
+      params, opt_state, _, loss = step(params, opt_state, batch)
+      return params, opt_state, params, loss
+
+    return stepping_program(model_step, self._tx())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -270,6 +342,38 @@ class Sgp(Spec):
     from optax_lena._src.aladdin.baselines import sgp
 
     return sgp(num_workers, overlap=self.overlap)
+
+  def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
+    """Push-sum: the local step on the de-biased model z = x / w applied to the numerator x,
+    which keeps half of itself (the other half is the message); a peer's message is mixed."""
+    tx, grad, gossip = self._tx(), jax.value_and_grad(loss_fn), self.gossip(num_workers)
+
+    def init(params: Any) -> PushSumState:
+      return PushSumState(params, jnp.ones([], jnp.float32), tx.init(params))
+
+    def step(state: PushSumState, batch: Any) -> tuple[PushSumState, Any, Any]:
+      z = gossip.debias(state.numerator, state.weight)
+      loss, grads = grad(z, batch)
+      updates, opt_state = tx.update(grads, state.opt_state, z)
+      (x, w), _ = gossip.send(optax.apply_updates(state.numerator, updates), state.weight)
+      return PushSumState(x, w, opt_state), (x, w), loss
+
+    def apply(state: PushSumState, message: Any) -> PushSumState:
+      x, w = gossip.mix(state.numerator, state.weight, *message)
+      return state._replace(numerator=x, weight=w)
+
+    def params(state: PushSumState) -> Any:
+      return gossip.debias(state.numerator, state.weight)
+
+    return WorkerProgram(init, step, apply, params)
+
+
+class PushSumState(NamedTuple):
+  """An SGP worker's local state: its push-sum numerator x, weight w and optimizer state."""
+
+  numerator: Any
+  weight: Any
+  opt_state: Any
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""ALADDIN's worker (Algorithm 1): local self-update and the PS-triggered merge (Eq. 3)."""
+"""ALADDIN's worker (Algorithm 1): local self-update and the PS-triggered merge (Eq. 3); and
+:class:`WorkerProgram`, the worker side of any algorithm as pure functions that every engine runs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,9 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
     params: the worker's local model x_i.
     global_params: the global model x~ from the server's reply (same structure, shapes; its
       dtypes may differ, e.g. a float32 master copy for bf16 workers).
-    alpha: the merge weight alpha_i in [0, 1] from the reply (a scalar, possibly traced).
+    alpha: the merge weight alpha_i in [0, 1] from the reply (a scalar, possibly traced), or a
+      tree like ``params`` of weights broadcastable to each leaf (servers sharded across a
+      leaf reply with one weight per shard).
 
   Returns:
     The merged model, with the structure, shapes and dtypes of ``params``.
@@ -44,7 +47,10 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
       "r.params, r.alpha) for p, r in zip(spec.split(params), replies)]))."
     )
 
-  def merge(x, g):
+  per_leaf: Any = jax.tree.structure(alpha) == structure
+  alphas = jax.tree.leaves(alpha) if per_leaf else [alpha] * structure.num_leaves
+
+  def merge(x, g, alpha):
     if jnp.shape(x) != jnp.shape(g):
       raise ValueError(
         f"global_params has a leaf of shape {jnp.shape(g)} where params has {jnp.shape(x)}; "
@@ -54,7 +60,8 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
     a = jnp.asarray(alpha, dtype)
     return ((1 - a) * x.astype(dtype) + a * g.astype(dtype)).astype(x.dtype)
 
-  return jax.tree.map(merge, params, global_params)
+  leaves = [merge(*xga) for xga in zip(jax.tree.leaves(params), jax.tree.leaves(global_params), alphas)]
+  return jax.tree.unflatten(structure, leaves)
 
 
 def local_optimizer(
@@ -164,3 +171,59 @@ def local_step(
     return new_params, opt_state, grads, loss
 
   return step
+
+
+class LocalState(NamedTuple):
+  """A worker's local state in :class:`WorkerProgram`: its model and its optimizer's state."""
+
+  params: PyTree
+  opt_state: optax.OptState
+
+
+class WorkerProgram(NamedTuple):
+  """The worker side of one algorithm, pure and jittable (``spec.program(loss_fn, n)``).
+
+  Both engines run it: the simulator and the Ray runtime keep only the driving, timing and
+  transport, so that an algorithm's worker math is written once and both run the same steps.
+
+  Attributes:
+    init: ``init(params) -> state``, the local state of a worker starting from ``params``.
+    step: ``step(state, batch) -> (state, message, loss)``: one local iteration and what the
+      worker sends (ALADDIN: its update or gradient; ASP: its gradient; EASGD: its model;
+      AR-SGD: its gradient for the all-reduce; SGP: its push-sum half ``(numerator, weight)``).
+    apply: ``apply(state, reply) -> state``: what comes back (a server's :class:`Reply`, merged
+      by Eq. 3; AR-SGD's mean gradient, stepped on; SGP's peer message, mixed).
+    params: ``params(state)``: the worker's model to evaluate (SGP: de-biased).
+  """
+
+  init: Callable[[PyTree], Any]
+  step: Callable[[Any, Any], tuple[Any, PyTree, Any]]
+  apply: Callable[[Any, Any], Any]
+  params: Callable[[Any], PyTree]
+
+
+def merge_reply(state: LocalState, reply: Any) -> LocalState:
+  """Eq. 3 with a server's reply (weight 1 for ASP's and EASGD's: the worker adopts it)."""
+  return state._replace(params=worker_merge(state.params, reply.params, reply.alpha))
+
+
+def local_params(state: LocalState) -> PyTree:
+  return state.params
+
+
+def stepping_program(
+  step: Callable[..., tuple[PyTree, Any, PyTree, Any]],
+  tx: optax.GradientTransformation | None,
+  apply: Callable[[Any, Any], Any] = merge_reply,
+) -> WorkerProgram:
+  """The program of a worker with a :class:`LocalState`, ``step(params, opt_state, batch) ->
+  (params, opt_state, message, loss)`` (e.g. :func:`local_step`) and ``tx`` its optimizer."""
+
+  def init(params: PyTree) -> LocalState:
+    return LocalState(params, tx.init(params) if tx is not None else ())
+
+  def step_fn(state: LocalState, batch: Any) -> tuple[LocalState, PyTree, Any]:
+    params, opt_state, message, loss = step(state.params, state.opt_state, batch)
+    return LocalState(params, opt_state), message, loss
+
+  return WorkerProgram(init, step_fn, apply, local_params)

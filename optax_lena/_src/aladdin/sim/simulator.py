@@ -1,18 +1,18 @@
 """A deterministic discrete-event simulator of a training cluster, for ALADDIN and its baselines.
 
 It runs the real JAX computations of n workers and of the parameter server (PS) in the order a
-cluster with the given speeds would produce them (:mod:`optax_lena._src.aladdin.cluster` is the
-cost model), and reports accuracy against *simulated* wall time. With ``problem=None`` it runs
+cluster with the given speeds would produce them (:mod:`~optax_lena._src.aladdin.sim.cluster` is
+the cost model), and reports accuracy against *simulated* wall time. With ``problem=None`` it runs
 no computation at all (messages carry sizes only): the timing-only mode, which simulates the
 paper's model sizes on the paper's cluster in milliseconds of host time.
 
 Events live in one heap ordered by ``(time, sequence number)``: two events at the same simulated
 time happen in the order they were scheduled, so a run is a pure function of its inputs (same
 seed, same trajectory, bitwise). The pieces: the event engine and the per-worker record
-(:mod:`~optax_lena._src.aladdin.sim_engine`), one process per algorithm for who waits for what
-(:mod:`~optax_lena._src.aladdin.sim_processes`), one compute object per algorithm for what is
-computed (:mod:`~optax_lena._src.aladdin.sim_compute`), and the algorithm specs and their
-registry (:mod:`~optax_lena._src.aladdin.algorithms`).
+(:mod:`~optax_lena._src.aladdin.sim.engine`), one process per algorithm for who waits for what
+(:mod:`~optax_lena._src.aladdin.sim.processes`), the compute object for what is computed
+(:mod:`~optax_lena._src.aladdin.sim.compute`: the specs' worker programs and servers), and the
+algorithm specs and their registry (:mod:`~optax_lena._src.aladdin.algorithms`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import jax
 
 from optax_lena._src.aladdin import algorithms
-from optax_lena._src.aladdin import sim_processes as _processes  # noqa: F401 (registers them)
 from optax_lena._src.aladdin.algorithms import Spec, algorithm
-from optax_lena._src.aladdin.cluster import Cluster
-from optax_lena._src.aladdin.sim_compute import Compute, EvalPoint, Problem, Timer, Training
+from optax_lena._src.aladdin.sim import processes as _processes  # noqa: F401 (registers them)
+from optax_lena._src.aladdin.sim.cluster import Cluster
+from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Timer, Training
 
 PyTree = Any
 
@@ -142,8 +142,7 @@ class Simulator:
       if self.problem is None:
         self._computes[num_workers] = Compute()
       else:
-        training: type[Training] = self.process.training
-        self._computes[num_workers] = training(self.alg, self.problem, num_workers)
+        self._computes[num_workers] = Training(self.alg, self.problem, num_workers)
     return self._computes[num_workers]
 
   def run(

@@ -2,7 +2,7 @@
 
 Everything here is timing: when a worker computes, when a message leaves, crosses the wire and
 is received, when a parameter-server (PS) shard is free. What the computations do is the
-business of the process's compute object (:mod:`optax_lena._src.aladdin.sim_compute`), which in
+business of the process's compute object (:mod:`optax_lena._src.aladdin.sim.compute`), which in
 the timing-only mode does nothing.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optax_lena._src.aladdin.cluster import Cluster
+from optax_lena._src.aladdin.sim.cluster import Cluster
 
 
 class Engine:
@@ -97,7 +97,7 @@ class Engine:
 
 
 @dataclasses.dataclass(eq=False)
-class Worker:
+class SimWorker:
   """Everything the simulator knows about one worker (a process may add fields).
 
   Attributes:
@@ -122,14 +122,13 @@ class Worker:
 class Process:
   """One algorithm's message pattern on a cluster (subclass per algorithm).
 
-  A subclass sets ``worker_type`` (its :class:`Worker` record) and ``training`` (its training
-  compute class), implements :meth:`computed` (a worker finished an iteration) and the handlers
-  it schedules, and calls the compute object for every computation; it attaches itself to the
-  algorithm's registry entry (``entry(name).attach("simulator", cls)``).
+  A subclass sets ``worker_type`` (its :class:`SimWorker` record), implements :meth:`computed`
+  (a worker finished an iteration) and the handlers it schedules, and calls the compute object
+  for every computation; it attaches itself to the algorithm's registry entry
+  (``entry(name).attach("simulator", cls)``).
   """
 
-  worker_type: ClassVar[type[Worker]] = Worker
-  training: ClassVar[type]
+  worker_type: ClassVar[type[SimWorker]] = SimWorker
 
   def __init__(
     self,
@@ -169,13 +168,13 @@ class Process:
     raise NotImplementedError
 
   # -- shared -------------------------------------------------------------------------------
-  def compute_time(self, worker: Worker) -> float:
+  def compute_time(self, worker: SimWorker) -> float:
     base = self.cluster.compute_time[worker.index]
     if not self.cluster.jitter:
       return base
     return base * (1.0 + self.cluster.jitter * (2.0 * worker.jitter.random() - 1.0))
 
-  def begin(self, worker: Worker) -> None:
+  def begin(self, worker: SimWorker) -> None:
     """``worker`` starts an iteration now (its idle time since ``idle_since`` counts as
     waiting)."""
     e = self.engine

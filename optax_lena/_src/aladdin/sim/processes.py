@@ -1,9 +1,9 @@
 """The message pattern of every algorithm in the simulator: one process per algorithm.
 
 Each process attaches itself to its algorithm's registry entry (the registry of
-:mod:`optax_lena._src.aladdin.algorithms` is the only table from a name to an algorithm) and
-names its training compute; it calls the compute object for every computation, which in the
-timing-only mode does nothing.
+:mod:`optax_lena._src.aladdin.algorithms` is the only table from a name to an algorithm); it
+calls the compute object for every computation (the spec's worker program and server), which in
+the timing-only mode does nothing.
 
 * ``aladdin``: a worker computes, applies its local self-update, pushes its message to the PS and
   starts its next iteration at once (it never waits, unless ``Cluster.send_buffer`` bounds the
@@ -26,8 +26,7 @@ import dataclasses
 from typing import Any
 
 from optax_lena._src.aladdin import algorithms
-from optax_lena._src.aladdin import sim_compute as sc
-from optax_lena._src.aladdin.sim_engine import Process, Worker
+from optax_lena._src.aladdin.sim.engine import Process, SimWorker
 
 
 def simulates(name: str):
@@ -41,7 +40,7 @@ def simulates(name: str):
 
 
 @dataclasses.dataclass(eq=False)
-class AladdinWorker(Worker):
+class AladdinWorker(SimWorker):
   inbox: list[Any] = dataclasses.field(default_factory=list)  # replies not merged yet
   leaving: list[float] = dataclasses.field(default_factory=list)  # when queued messages leave
   # Per PS shard: messages since the last reply (the PS's c_i, tracked here to time the global
@@ -55,7 +54,6 @@ class AladdinProcess(Process):
   """Workers push and never wait; the PS replies every ``period`` messages of a worker."""
 
   worker_type = AladdinWorker
-  training = sc.AladdinTraining
   workers: list[AladdinWorker]
 
   def start(self) -> None:
@@ -90,7 +88,7 @@ class AladdinProcess(Process):
     w.leaving.append(left)
     # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
     for reply in w.inbox:
-      self.compute.merge(w, reply)
+      self.compute.apply(w, reply)
       e.log("merge", w.index)
     w.inbox = []
     self.count_samples(self.batch_size)
@@ -129,13 +127,12 @@ class AladdinProcess(Process):
 class ArSgdProcess(Process):
   """A barrier every iteration, then a ring all-reduce of the gradients."""
 
-  training = sc.ArSgdTraining
 
   def start(self) -> None:
     self.arrived = 0
     super().start()
 
-  def computed(self, w: Worker) -> None:
+  def computed(self, w: SimWorker) -> None:
     e = self.engine
     e.log("compute", w.index)
     w.iterations += 1
@@ -155,7 +152,7 @@ class ArSgdProcess(Process):
 
 
 @dataclasses.dataclass(eq=False)
-class SymmetricWorker(Worker):
+class SymmetricWorker(SimWorker):
   pending: int = 0  # shards whose answer has not arrived yet
 
 
@@ -185,7 +182,7 @@ class SymmetricExchange(Process):
     self.engine.log("reply", w.index)
     w.pending -= 1
     if w.pending == 0:
-      self.compute.merge(w, reply)
+      self.compute.apply(w, reply)
       self.begin(w)
 
 
@@ -193,13 +190,12 @@ class SymmetricExchange(Process):
 class AspProcess(SymmetricExchange):
   """Send the gradient, wait for the PS to apply it and send x~ back, adopt it."""
 
-  training = sc.AspTraining
 
   def computed(self, w: SymmetricWorker) -> None:
     e = self.engine
     e.log("compute", w.index)
     w.iterations += 1
-    grads = self.compute.gradient(w)
+    grads = self.compute.step(w)
     w.idle_since = e.now
     self.send_to_shards(w, grads)
     self.count_samples(self.batch_size)
@@ -209,23 +205,22 @@ class AspProcess(SymmetricExchange):
 class EasgdProcess(SymmetricExchange):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
 
-  training = sc.EasgdTraining
 
   def computed(self, w: SymmetricWorker) -> None:
     e = self.engine
     e.log("compute", w.index)
     w.iterations += 1
-    self.compute.step(w)
+    model = self.compute.step(w)
     w.idle_since = e.now
     self.count_samples(self.batch_size)
     if w.iterations % self.spec.tau:
       self.begin(w)
       return
-    self.send_to_shards(w, None)  # the PS reads the model the waiting worker holds
+    self.send_to_shards(w, model)
 
 
 @dataclasses.dataclass(eq=False)
-class SgpWorker(Worker):
+class SgpWorker(SimWorker):
   inbox: dict[int, Any] = dataclasses.field(default_factory=dict)  # round -> peer's message
   waiting_for: int = -1  # the round whose message it needs before its next iteration
 
@@ -236,7 +231,6 @@ class SgpProcess(Process):
   iteration before starting the next (1-overlap). The peers are ``al.sgp``'s."""
 
   worker_type = SgpWorker
-  training = sc.SgpTraining
   workers: list[SgpWorker]
 
   def start(self) -> None:
@@ -279,5 +273,5 @@ class SgpProcess(Process):
       return
     message = w.inbox.pop(tag)
     w.waiting_for = -1
-    self.compute.mix(w, message)
+    self.compute.apply(w, message)
     self.begin(w)

@@ -1,0 +1,1 @@
+"""The deterministic cluster simulator (public names in ``optax_lena.aladdin.simulator``)."""

@@ -1,0 +1,257 @@
+"""What the simulated workers and servers compute.
+
+:class:`Compute` is the timing-only mode: every computation does nothing and returns None (the
+messages carry sizes only). :class:`Training` owns the jitted pieces of one algorithm on one
+problem for ``n`` workers: the spec's worker program (``spec.program``, the one the Ray runtime
+runs too) and its server, compiled once for as long as the
+:class:`~optax_lena._src.aladdin.sim.simulator.Simulator` that made it lives; it holds the run's
+state (the server's, and each worker's program state in its record).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time as _time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Problem:
+  """A training problem for the simulator (arrays on the host; batches drawn per worker).
+
+  Attributes:
+    params: the initial parameters (every worker and the PS start from them).
+    loss_fn: ``loss_fn(params, (x, y)) -> scalar`` (mean over the batch).
+    accuracy_fn: ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1].
+    x_train: training inputs.
+    y_train: training labels.
+    x_test: test inputs.
+    y_test: test labels.
+  """
+
+  params: PyTree
+  loss_fn: Callable[[PyTree, Any], Any]
+  accuracy_fn: Callable[[PyTree, Any], Any]
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+
+
+@dataclasses.dataclass
+class EvalPoint:
+  """One evaluation of the model being trained.
+
+  Attributes:
+    time: simulated seconds.
+    samples: training samples processed so far, all workers.
+    iterations: samples / (n x batch): cluster iterations (AR-SGD's updates).
+    train_loss: mean of the workers' mini-batch losses since the previous point (nan if none).
+    test_loss: loss of the evaluated model on the test set.
+    test_accuracy: its accuracy.
+    local_accuracy: test accuracy of the average of the workers' local models (ALADDIN and
+      EASGD, whose evaluated model is the PS's; nan for the others).
+  """
+
+  time: float
+  samples: int
+  iterations: float
+  train_loss: float
+  test_loss: float
+  test_accuracy: float
+  local_accuracy: float = math.nan
+
+
+class Timer:
+  """Host time inside JAX calls (blocking on results only when profiling)."""
+
+  def __init__(self, profile: bool):
+    self.profile = profile
+    self.total = 0.0
+
+  def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+    if not self.profile:
+      return fn(*args)
+    start = _time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    self.total += _time.perf_counter() - start
+    return out
+
+
+class Batches:
+  """One worker's stream of mini-batches: consecutive slices of per-epoch permutations."""
+
+  def __init__(self, problem: Problem, batch_size: int, rng: np.random.Generator):
+    self.x, self.y = problem.x_train, problem.y_train
+    self.batch_size = batch_size
+    self.rng = rng
+    self.order = rng.permutation(len(self.x))
+    self.pos = 0
+
+  def next(self) -> tuple[np.ndarray, np.ndarray]:
+    if self.pos + self.batch_size > len(self.order):
+      self.order = self.rng.permutation(len(self.x))
+      self.pos = 0
+    idx = self.order[self.pos : self.pos + self.batch_size]
+    self.pos += self.batch_size
+    return self.x[idx], self.y[idx]
+
+
+@dataclasses.dataclass(eq=False)
+class Local:
+  """A worker's training state (``SimWorker.model``): its batches and its program's state."""
+
+  batches: Batches
+  state: Any = None
+
+
+class Compute:
+  """The timing-only mode: nothing is computed, every message carries None.
+
+  The hooks a process calls: ``step`` (a worker's local iteration, returns its message),
+  ``cluster_step`` (one synchronous step of all workers), ``receive`` (the server processes a
+  message, returns its reply), ``apply`` (a worker applies a reply or a peer's message),
+  ``evaluate``."""
+
+  evals: list[EvalPoint]
+
+  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, timer: Timer) -> None:
+    del workers, batch_size, seed, timer
+    self.evals = []
+
+  def step(self, worker: Any) -> Any:
+    return None
+
+  def cluster_step(self, workers: Sequence[Any]) -> None:
+    return None
+
+  def receive(self, worker: Any, message: Any) -> Any:
+    return None
+
+  def apply(self, worker: Any, reply: Any) -> None:
+    return None
+
+  def evaluate(self, time: float, samples: int, iterations: float) -> None:
+    return None
+
+  def final_params(self) -> PyTree:
+    return None
+
+  @property
+  def jax_time(self) -> float:
+    return 0.0
+
+
+def _mean_models(models: list[PyTree]) -> PyTree:
+  return jax.tree.map(lambda *v: sum(v[1:], v[0]) / len(v), *models)
+
+
+class Training(Compute):
+  """The training mode: the spec's worker program and server on the problem's batches.
+
+  The evaluated model is the server's (ALADDIN, ASP, EASGD), the one model of a synchronous
+  algorithm (AR-SGD), or else the average of the workers' (SGP)."""
+
+  def __init__(self, spec: Any, problem: Problem, num_workers: int):
+    self.spec, self.problem, self.n = spec, problem, num_workers
+    # Device scalars of the worker indices, made once (a jnp.int32(i) per message would cost
+    # more host time than the simulator's own bookkeeping).
+    self.worker_ids = [jnp.asarray(i, jnp.int32) for i in range(num_workers)]
+    self.x_test = jnp.asarray(problem.x_test)
+    self.y_test = jnp.asarray(problem.y_test)
+    loss_fn, accuracy_fn = problem.loss_fn, problem.accuracy_fn
+    self.eval_fn = jax.jit(lambda p, x, y: (loss_fn(p, (x, y)), accuracy_fn(p, (x, y))))
+    self.mean_models = jax.jit(_mean_models)
+    program = self.program = spec.program(loss_fn, num_workers)
+    self.step_fn, self.apply_fn = jax.jit(program.step), jax.jit(program.apply)
+    self.mean_params = jax.jit(lambda states: _mean_models([program.params(s) for s in states]))
+    self.server = spec.server(num_workers)
+    if self.server is not None:
+      self.receive_fn = jax.jit(self.server.receive)
+
+    def cluster_step(state, xs, ys):
+      # Every worker's message (gradient) at the one model, their mean (the all-reduce), and
+      # the reply applied: all in one computation.
+      messages, losses = jax.vmap(lambda x, y: program.step(state, (x, y))[1:])(xs, ys)
+      mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), messages)
+      return program.apply(state, mean), jnp.mean(losses)
+
+    self.cluster_step_fn = jax.jit(cluster_step)
+
+  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, timer: Timer) -> None:
+    self.evals = []
+    self.losses: list[Any] = []
+    self.timer = timer
+    state = self.program.init(self.problem.params)
+    # One generator per worker, derived from (seed, worker): a worker's batches do not depend
+    # on the other workers' speeds.
+    for w in workers:
+      w.model = Local(Batches(self.problem, batch_size, np.random.default_rng([seed, w.index])))
+      w.model.state = state
+    self.workers = workers
+    if self.server is not None:
+      self.server_state = self.server.init(self.problem.params)
+
+  def next_batch(self, worker: Any) -> tuple[np.ndarray, np.ndarray]:
+    return worker.model.batches.next()
+
+  def step(self, worker: Any) -> Any:
+    m = worker.model
+    m.state, message, loss = self.timer(self.step_fn, m.state, self.next_batch(worker))
+    self.losses.append(loss)
+    return message
+
+  def cluster_step(self, workers: Sequence[Any]) -> None:
+    batches = [self.next_batch(w) for w in workers]
+    xs = np.stack([b[0] for b in batches])
+    ys = np.stack([b[1] for b in batches])
+    state, loss = self.timer(self.cluster_step_fn, workers[0].model.state, xs, ys)
+    for w in workers:
+      w.model.state = state
+    self.losses.append(loss)
+
+  def receive(self, worker: Any, message: Any) -> Any:
+    self.server_state, reply = self.timer(
+      self.receive_fn, self.server_state, message, self.worker_ids[worker.index]
+    )
+    return reply
+
+  def apply(self, worker: Any, reply: Any) -> None:
+    m = worker.model
+    m.state = self.timer(self.apply_fn, m.state, reply)
+
+  def eval_params(self) -> PyTree:
+    if self.server is not None:
+      return self.server_state.params
+    if self.spec.synchronous:
+      return self.program.params(self.workers[0].model.state)
+    return self.mean_params([w.model.state for w in self.workers])
+
+  def evaluate(self, time: float, samples: int, iterations: float) -> None:
+    loss, acc = self.timer(self.eval_fn, self.eval_params(), self.x_test, self.y_test)
+    train_loss = float(jnp.mean(jnp.stack(self.losses))) if self.losses else math.nan
+    self.losses = []
+    local_acc = math.nan
+    if self.spec.distinct_locals:
+      mean = self.timer(self.mean_params, [w.model.state for w in self.workers])
+      _, acc_locals = self.timer(self.eval_fn, mean, self.x_test, self.y_test)
+      local_acc = float(acc_locals)
+    self.evals.append(
+      EvalPoint(time, samples, iterations, train_loss, float(loss), float(acc), local_acc)
+    )
+
+  def final_params(self) -> PyTree:
+    return self.eval_params()
+
+  @property
+  def jax_time(self) -> float:
+    return self.timer.total
