@@ -212,14 +212,17 @@ class ArSgd(Spec):
   synchronous: ClassVar[bool] = True
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
-    """The message is the gradient at the model; the reply, the mean gradient, is stepped on."""
+    """The message is the gradient at the model; the reply is the sum of the n gradients (the
+    all-reduce), whose mean the worker steps on (divided here, fused into the step: the
+    engines then compute the same bits whether the sum is made in the step or elsewhere)."""
     tx, grad = self._tx(), jax.value_and_grad(loss_fn)
 
     def gradient(params, opt_state, batch):
       loss, grads = grad(params, batch)
       return params, opt_state, grads, loss
 
-    def apply(state: LocalState, mean: Any) -> LocalState:
+    def apply(state: LocalState, total: Any) -> LocalState:
+      mean = jax.tree.map(lambda t: t / num_workers, total)
       updates, opt_state = tx.update(mean, state.opt_state, state.params)
       return LocalState(optax.apply_updates(state.params, updates), opt_state)
 

@@ -1,5 +1,5 @@
 """ALADDIN's worker (Algorithm 1): local self-update and the PS-triggered merge (Eq. 3); and
-:class:`WorkerProgram`, the worker side of any algorithm as pure functions that every engine runs."""
+:class:`WorkerProgram`, any algorithm's worker side as pure functions that every engine runs."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
     a = jnp.asarray(alpha, dtype)
     return ((1 - a) * x.astype(dtype) + a * g.astype(dtype)).astype(x.dtype)
 
-  leaves = [merge(*xga) for xga in zip(jax.tree.leaves(params), jax.tree.leaves(global_params), alphas)]
+  pairs = zip(jax.tree.leaves(params), jax.tree.leaves(global_params), alphas, strict=True)
+  leaves = [merge(x, g, a) for x, g, a in pairs]
   return jax.tree.unflatten(structure, leaves)
 
 

@@ -135,7 +135,7 @@ def test_a_call_longer_than_a_block_is_its_messages_in_separate_calls(through_ri
   compiled at start-up): the state and the replies, in order, are those of one call per
   message, its messages and replies in the call or in the worker's shared-memory ring."""
   from optax_lena._src.aladdin.ray import channel
-  from optax_lena._src.aladdin.ray.iterations import BLOCK_PERIODS, FOLD_PERIODS
+  from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS
   from optax_lena._src.aladdin.ray.shard import ServerShard
   from optax_lena.aladdin import distributed as ad
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 PyTree = Any
 
@@ -57,11 +60,50 @@ class Task:
       raise ValueError(f"Task: batch_size must be >= 1, got {self.batch_size}.")
 
 
+# ALADDIN's calls carry up to this many periods of a worker's messages: a worker that outruns
+# its calls folds what it queued into the next one instead of waiting (back-pressure).
+FOLD_PERIODS = 8
+# A shard applies a call's messages in blocks of up to this many periods, one compiled call
+# each: it compiles every block size before the run, and a larger one costs seconds more.
+BLOCK_PERIODS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How a worker's messages travel to the PS shards: computed once, on the driver, from the
+  spec (``iteration.plan(spec)``) and shipped in the :class:`Config` to every worker and shard.
+
+  Attributes:
+    period: messages of a worker per reply at most (ALADDIN's period; 1 for the others); a
+      call of more than ``period`` messages carries a multiple of it.
+    max_fold: messages one call may carry.
+    block: messages a shard applies in one compiled call (``max_fold`` at most).
+  """
+
+  period: int
+  max_fold: int
+  block: int
+
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "block", min(self.block, self.max_fold))
+
+  @property
+  def reply_slots(self) -> int:
+    """Replies one call may bring back: a worker triggers at most once per ``period``."""
+    return -(-self.max_fold // self.period)
+
+  def block_sizes(self) -> list[int]:
+    """The call sizes a shard compiles: up to a period (flushes, slow steps) and whole
+    periods up to a block."""
+    p, b = self.period, self.block
+    return sorted({*range(1, min(p, b) + 1), *range(p, b + 1, p)})
+
+
 def _positive(name: str, value: Any, integer: bool = False, zero: bool = False) -> None:
-  ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-  ok = ok and (value >= 0 if zero else value > 0) and (not integer or float(value).is_integer())
-  if not ok:
-    kind = "an int" if integer else "a number"
+  types = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+  ok = not isinstance(value, bool) and isinstance(value, types) and math.isfinite(value)
+  if not (ok and (value >= 0 if zero else value > 0)):
+    kind = "an int (e.g. 2, not 2.0)" if integer else "a finite number"
     raise ValueError(f"Config: {name} must be {kind} {'>= 0' if zero else '> 0'}, got {value!r}.")
 
 
@@ -89,7 +131,8 @@ class Config:
     slowdown: ``{worker: factor}``; that worker sleeps ``(factor - 1)`` times its compute time
       every iteration, so that its iteration takes ``factor`` times longer.
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
-      started on a directory that holds checkpoints resumes from them.
+      started on a directory that holds checkpoints resumes from them. A relative path is made
+      absolute here, on the driver (the actors' working directories may differ).
     checkpoint_every: a shard saves its state after the call that brings its global updates
       since the last save to this many (a fold of several periods may make more than one).
     fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 8
@@ -157,10 +200,11 @@ class Config:
   pin_compute: bool | None = None
   recheck_messages: bool = False
   shared_memory: bool = True
+  plan: Plan = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self) -> None:
     from optax_lena._src.aladdin import algorithms
-    from optax_lena._src.aladdin.ray import iterations  # also attaches Ray's pieces
+    from optax_lena._src.aladdin.ray import iterations  # noqa: F401 - attaches Ray's pieces
 
     spec = self.algorithm
     if isinstance(spec, str):
@@ -170,24 +214,24 @@ class Config:
         "Config: algorithm must be a spec (al.algorithm('aladdin', worker_tx=...)) or a name, "
         f"got {type(spec).__name__}."
       )
-    algorithms.entry(spec.name).engine("ray")  # an error listing what Ray runs
+    iteration = algorithms.entry(spec.name).engine("ray")  # an error listing what Ray runs
     spec.check_trainable()
     if getattr(spec, "reply_every", None) is not None:
       raise ValueError("Config: reply_every (a simulator ablation) is not supported on Ray.")
     if getattr(spec, "overlap", 1) == 0 and self.deterministic:
       raise ValueError("Config: SGP with overlap=0 cannot run the deterministic lockstep.")
     object.__setattr__(self, "algorithm", spec)
+    object.__setattr__(self, "plan", iteration.plan(spec))
     for name in ("num_workers", "ps_shards", "checkpoint_every"):
       _positive(name, getattr(self, name), integer=True)
     _positive("max_inflight", self.max_inflight, integer=True)
     _positive("fold_seconds", self.fold_seconds)
     if self.fold is not None:
       _positive("fold", self.fold, integer=True)
-      limit = iterations.max_fold(algorithms.entry(spec.name).engine("ray"), spec)
-      if self.fold > limit:
+      if self.fold > self.plan.max_fold:
         raise ValueError(
-          f"Config: fold={self.fold} exceeds the {limit} messages one call may carry "
-          f"({iterations.FOLD_PERIODS} periods of ALADDIN, 1 for the other algorithms)."
+          f"Config: fold={self.fold} exceeds the {self.plan.max_fold} messages one call may "
+          f"carry ({FOLD_PERIODS} periods of ALADDIN, 1 for the other algorithms)."
         )
     _positive("chunk_seconds", self.chunk_seconds)
     _positive("worker_gpus", self.worker_gpus, zero=True)
@@ -208,21 +252,41 @@ class Config:
     for name in ("recheck_messages", "shared_memory", "deterministic"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"Config: {name} must be a bool, got {getattr(self, name)!r}.")
-    if self.worker_nice is not None and not 0 <= int(self.worker_nice) <= 19:
-      raise ValueError(f"Config: worker_nice must be None or in [0, 19], got {self.worker_nice}.")
+    nice = self.worker_nice
+    if nice is not None and (
+      isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
+    ):
+      raise ValueError(f"Config: worker_nice must be None or an int in [0, 19], got {nice!r}.")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):
       raise ValueError(f"Config: seed must be an int, got {self.seed!r}.")
-    if self.checkpoint_dir is not None and spec.server(self.num_workers) is None:
+    if self.checkpoint_dir is not None:
+      if not isinstance(self.checkpoint_dir, str | os.PathLike) or not os.fspath(
+        self.checkpoint_dir
+      ):
+        raise ValueError(
+          "Config: checkpoint_dir must be None (no checkpoints) or a non-empty path, e.g. "
+          f"checkpoint_dir='checkpoints', got {self.checkpoint_dir!r}."
+        )
+      if spec.server(self.num_workers) is None:
+        raise ValueError(
+          f"Config: checkpoint_dir needs parameter-server shards; {spec.name!r} has none."
+        )
+      object.__setattr__(self, "checkpoint_dir", os.path.abspath(os.fspath(self.checkpoint_dir)))
+    if not isinstance(self.slowdown, Mapping):
       raise ValueError(
-        f"Config: checkpoint_dir needs parameter-server shards; {spec.name!r} has none."
+        f"Config: slowdown must map worker indices to factors, got {self.slowdown!r}."
       )
     for worker, factor in self.slowdown.items():
       if isinstance(worker, bool) or not isinstance(worker, int):
         raise ValueError(f"Config: slowdown keys are worker indices (ints), got {worker!r}.")
-      if not 0 <= worker < self.num_workers or not factor >= 1:
+      number = not isinstance(factor, bool) and isinstance(factor, int | float | np.number)
+      if not 0 <= worker < self.num_workers or not (
+        number and math.isfinite(factor) and factor >= 1
+      ):
         raise ValueError(
-          f"Config: slowdown {worker}:{factor}: the worker must be in [0, {self.num_workers}) "
-          "and the factor >= 1."
+          f"Config: slowdown {worker}: {factor!r}: the worker must be in [0, {self.num_workers}) "
+          "and the factor a finite number >= 1 (e.g. 2.0: that worker's iterations take twice "
+          "as long)."
         )
     _resources("worker_resources", self.worker_resources)
     _resources("server_resources", self.server_resources)
@@ -276,3 +340,9 @@ class RunResult:
   shards: list[dict[str, Any]]
   workers: list[dict[str, Any]]
   final_params: PyTree
+
+  def summary(self) -> dict[str, Any]:
+    """A JSON-friendly dict of everything but ``final_params``."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    out.pop("final_params")
+    return out

@@ -8,17 +8,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import bootstrap, channel, schedulers
 from optax_lena._src.aladdin.ray.config import ClusterLostError, Config, RunResult, Task
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.progress import Progress
-from optax_lena._src.aladdin.ray.rendezvous import Mailbox, Reducer
 from optax_lena._src.aladdin.ray.shard import ServerShard
 from optax_lena._src.aladdin.ray.signals import StopSignals
-from optax_lena._src.aladdin.ray.worker import Worker
+from optax_lena._src.aladdin.ray.worker import WorkerActor
 
 PyTree = Any
 
@@ -82,37 +79,38 @@ class Runtime:
 
   def _start_actors(self, ray: Any) -> None:
     task, config = self.task, self.config
-    server = bootstrap.actor_options(config, "server")
     num_actors = config.num_workers + config.ps_shards
-    threads = bootstrap.intra_op_threads(config, num_actors)
-    cores = bootstrap.step_cores(config, threads)
-    if self.iteration.peers == "shards":
-      shard_cls = ray.remote(ServerShard).options(**server)
-      params = self.layout.to_vector(task.init_params)
-      shard_nice = bootstrap.shard_nice(cores)
-      self.shards = [
-        shard_cls.remote(k, part, config, threads, shard_nice)
-        for k, part in enumerate(self.layout.split(params))
-      ]
-    else:
-      # A barrier or a mailbox keeps its waiting callers: never restarted mid-round.
-      options = {**server, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1000}
-      if self.iteration.peers == "reducers":
-        reducer = ray.remote(Reducer).options(**options)
-        self.peers = [reducer.remote(config.num_workers) for _ in range(config.ps_shards)]
-      else:
-        self.peers = [ray.remote(Mailbox).options(**options).remote()]
+    self.threads = bootstrap.intra_op_threads(config, num_actors)
+    self.cores = bootstrap.step_cores(config, self.threads)
+    self.iteration.start_peers(self, ray)
     nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
-    worker_cls = ray.remote(Worker).options(**bootstrap.actor_options(config, "worker"))
+    worker_cls = ray.remote(WorkerActor).options(**bootstrap.actor_options(config, "worker"))
     self.workers = [
       worker_cls.remote(
-        i, task, config, self.shards, self.peers, nice, threads, cores, self.run_name
+        i, task, config, self.shards, self.peers, nice, self.threads, self.cores, self.run_name
       )
       for i in range(config.num_workers)
     ]
     # Constructors (imports, restores, compilation, first fetch of the global model) finish
     # here, so that the clock of a run starts with every actor ready.
     self._get([w.info.remote() for w in self.workers], timeout=None)
+
+  def _start_shards(self, ray: Any) -> None:
+    """The PS shards, one per slice of the model (``Iteration.start_peers``)."""
+    shard_cls = ray.remote(ServerShard).options(**bootstrap.actor_options(self.config, "server"))
+    params = self.layout.to_vector(self.task.init_params)
+    nice = bootstrap.shard_nice(self.cores)
+    self.shards = [
+      shard_cls.remote(k, part, self.config, self.threads, nice)
+      for k, part in enumerate(self.layout.split(params))
+    ]
+
+  def _start_meeting(self, ray: Any, cls: type, *args: Any) -> Any:
+    """A barrier or a mailbox (``Iteration.start_peers``): it keeps its waiting callers, so it
+    is never restarted mid-round."""
+    options = bootstrap.actor_options(self.config, "server")
+    options |= {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1000}
+    return ray.remote(cls).options(**options).remote(*args)
 
   def _get(self, refs: Any, timeout: float | None) -> Any:
     """``ray.get`` that a signal cannot be lost in (polled once a second)."""
@@ -168,14 +166,7 @@ class Runtime:
   def global_params(self, timeout: float | None = 60) -> PyTree:
     """The global model: the shards' x~ (ALADDIN, ASP, EASGD), worker 0's model (AR-SGD) or
     the average of the workers' de-biased models (SGP)."""
-    if self.iteration.global_model == "worker0":
-      return self._get(self.workers[0].get_params.remote(), timeout)
-    if self.iteration.global_model == "mean":
-      models = self._get([w.get_params.remote() for w in self.workers], timeout)
-      vectors = [self.layout.to_vector(m) for m in models]
-      return self.layout.to_tree(np.asarray(np.mean(vectors, axis=0, dtype=np.float64)))
-    replies = self._get([s.params.remote() for s in self.shards], timeout)
-    return self.layout.to_tree(self.layout.join([p for p, _ in replies]))
+    return self.iteration.global_params(self, timeout)
 
   def shard_stats(self, timeout: float | None = 60) -> list[dict[str, Any]]:
     """Each shard's counters."""
@@ -236,7 +227,7 @@ class Runtime:
     if config.deterministic:
       if iterations is None or iterations < 1:
         raise ValueError("The deterministic mode needs iterations >= 1 (per worker).")
-      schedule: Any = schedulers.Lockstep(self.workers, iterations, self.iteration.rounds)
+      schedule: Any = schedulers.Lockstep(self.workers, iterations, self.config.spec.synchronous)
       total, unit = float(iterations), "rounds"
     else:
       if time_budget is None or not time_budget > 0:
@@ -247,7 +238,7 @@ class Runtime:
     start = time.time()
     deadline = start + (time_budget or 0.0)
     if not config.deterministic:
-      kind = schedulers.Rounds if self.iteration.rounds else schedulers.AsyncChunks
+      kind = schedulers.Rounds if self.config.spec.synchronous else schedulers.AsyncChunks
       schedule = kind(self.workers, deadline, config.chunk_seconds)
     next_eval = [start]
     done = [0]  # iterations of all workers so far

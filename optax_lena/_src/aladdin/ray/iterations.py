@@ -1,27 +1,36 @@
-"""One iteration per algorithm, on a :class:`~optax_lena._src.aladdin.ray.worker.Worker`,
-attached to the algorithm registry of ``optax_lena.aladdin`` (``entry(name).engine("ray")``).
+"""One iteration per algorithm on a worker's explicit :class:`Local` state, attached to the
+algorithm registry of ``optax_lena.aladdin`` (``entry(name).engine("ray")``).
 
-Each class compiles its pieces from the algorithm's spec (``w.config.spec``) and the pure
-functions of ``optax_lena.aladdin``, and runs one iteration with :meth:`iterate`, which returns
-its compute / sleep / wait seconds. Its class attributes tell the driver what it needs:
-``peers`` (the actors its workers talk to: ``"shards"``, ``"reducers"`` or ``"mailbox"``),
-``rounds`` (AR-SGD's barrier: equal iteration counts) and ``global_model`` (where the global
-model is read: ``"shards"``, ``"worker0"``, ``"mean"`` of the workers'). A reply the worker
-adopts or mixes (ALADDIN's ``(x~, alpha)``, ASP's x~, EASGD's new local model) is merged at the
-start of the next step, inside the same compiled call (Eq. 3 between two steps).
+The worker math is the spec's program (``spec.program``, the simulator's too): an iteration only
+moves its messages (its transport: the outbox to the PS shards, the reducers or the mailbox),
+times them and compiles the program's pieces around the flat wire format. :meth:`iterate` runs
+one iteration and returns its compute / sleep / wait seconds. The classes also say what the
+driver starts for them (:meth:`Iteration.start_peers`) and where the global model is read
+(:meth:`Iteration.global_params`). A reply the worker adopts or merges (ALADDIN's
+``(x~, alpha)``, ASP's x~, EASGD's new local model) is merged at the start of the next step,
+inside the same compiled call (Eq. 3 between two steps).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray.layout import FlatLayout
 
 Stats = dict[str, float]
+
+# In a run until a deadline, ALADDIN's worker keeps this many steps dispatched beyond the one
+# whose message it reads: its Python work overlaps XLA's steps, and a late wake-up of its
+# thread does not leave XLA idle (at batch 32 a step takes about 0.3 ms).
+STEPS_AHEAD = 2
 
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -32,75 +41,201 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
   return out, time.perf_counter() - t0
 
 
-# ALADDIN's calls carry up to this many periods of a worker's messages: a worker that outruns
-# its calls folds what it queued into the next one instead of waiting (back-pressure).
-FOLD_PERIODS = 8
-# In a run until a deadline, ALADDIN's worker keeps this many steps dispatched beyond the one
-# whose message it reads: its Python work overlaps XLA's steps, and a late wake-up of its
-# thread does not leave XLA idle (at batch 32 a step takes about 0.3 ms).
-STEPS_AHEAD = 2
-# A shard applies a call's messages in blocks of up to this many periods, one compiled call
-# each: it compiles every block size before the run, and a larger one costs seconds more.
-BLOCK_PERIODS = 4
+@dataclasses.dataclass(eq=False)
+class Local:
+  """What an iteration runs on: the worker's program and its state, data and transport.
+
+  Attributes:
+    index: the worker's index.
+    program: the spec's worker program.
+    layout: the flat wire format.
+    state: the program's state.
+    batches: the worker's mini-batches.
+    transport: the outbox to the PS shards, :class:`ReducerLink` or :class:`MailboxLink`.
+    num_workers: n.
+    slowdown: the emulated straggler's factor (it sleeps ``slowdown - 1`` times its step).
+    iteration: iterations completed.
+    last_loss: the last step's loss (a device scalar).
+    merges: replies merged, models adopted or messages mixed so far.
+  """
+
+  index: int
+  program: Any
+  layout: FlatLayout
+  state: Any
+  batches: Iterator[Any]
+  transport: Any
+  num_workers: int
+  slowdown: float = 1.0
+  iteration: int = 0
+  last_loss: Any = math.nan
+  merges: int = 0
+
+  def sleep_for(self, compute_s: float) -> float:
+    """The emulated straggler: sleeps ``(slowdown - 1)`` times the compute time."""
+    if self.slowdown <= 1.0:
+      return 0.0
+    pause = (self.slowdown - 1.0) * compute_s
+    time.sleep(pause)
+    return pause
 
 
-def max_fold(iteration: type, spec: Any) -> int:
-  """Messages one call may carry (ALADDIN: ``FOLD_PERIODS`` periods; the others: 1)."""
-  return int(getattr(iteration, "max_fold", lambda spec: 1)(spec))
+def _stats(compute: float, sleep: float, wait: float) -> Stats:
+  return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
 
 
-class _Iteration:
-  """What every algorithm's iteration has: nothing in flight unless it dispatches ahead."""
+class Iteration:
+  """What every algorithm's iteration has (subclass per algorithm).
+
+  Class attributes: ``folds`` (a call may carry several periods of messages: ALADDIN).
+  """
+
+  folds = False
+  plain: Any  # the jitted local step without a merge: ``plain(state, batch)``
+
+  def __init__(self, local: Local, spec: Any):
+    self.local, self.spec = local, spec
+
+  @staticmethod
+  def start_peers(driver: Any, ray: Any) -> None:
+    """Starts the actors this algorithm's workers talk to (``driver.shards`` or ``.peers``)."""
+    driver._start_shards(ray)
+
+  @staticmethod
+  def global_params(driver: Any, timeout: float | None) -> Any:
+    """The global model: the shards' x~ (ALADDIN, ASP, EASGD)."""
+    replies = driver._get([s.params.remote() for s in driver.shards], timeout)
+    return driver.layout.to_tree(driver.layout.join([p for p, _ in replies]))
+
+  def warm_up(self, batch: Any) -> None:
+    """Compiles every piece before the run (results discarded)."""
 
   def finish(self) -> Stats | None:
     """Completes a step dispatched ahead; called until None at the end of a chunk."""
     return None
 
+  def flush(self) -> float:
+    """Sends what is queued and applies every reply; returns the seconds waited."""
+    return 0.0
 
-class _Served(_Iteration):
-  """Shared by the algorithms whose workers talk to PS shards: the fused merge-then-step."""
+  def local_params(self) -> Any:
+    """The worker's model (SGP: de-biased), every pending reply applied."""
+    return self.local.program.params(self.local.state)
 
-  peers, rounds, global_model = "shards", False, "shards"
+  @staticmethod
+  def plan(spec: Any) -> Any:
+    """How this algorithm's messages travel (one message per call, a reply to each)."""
+    from optax_lena._src.aladdin.ray.config import Plan
 
-  def __init__(self, w: Any, step: Any):
+    return Plan(period=1, max_fold=1, block=1)
+
+  def step_time(self, batch: Any) -> float:
+    """The median seconds of 5 local steps (results discarded: the model does not move)."""
+    import statistics
+
+    return statistics.median(timed(self.plain, self.local.state, batch)[1] for _ in range(5))
+
+
+def flat_reply(layout: FlatLayout, global_flat: Any, alphas: Any) -> Any:
+  """The shards' replies as one :class:`~optax_lena._src.aladdin.server.Reply` (traceable):
+  x~ in the wire's dtype and each shard's weight on its slice."""
+  import jax.numpy as jnp
+
+  from optax_lena._src.aladdin.server import Reply
+
+  alpha = alphas[0] if layout.num_shards == 1 else layout.unravel(layout.per_element(alphas), False)
+  return Reply(jnp.asarray(True), layout.unravel(global_flat, False), alpha)
+
+
+class Served(Iteration):
+  """Shared by the algorithms whose workers talk to PS shards: the fused merge-then-step, and
+  the replies kept for it (a call's reply: None, or ``(slices[n], alphas[n])``, its ``n``
+  global updates in order)."""
+
+  def __init__(self, local: Local, spec: Any):
     import jax
 
     from optax_lena._src.aladdin.server import all_finite
-    from optax_lena._src.aladdin.worker import worker_merge
 
-    self.w, layout = w, w.layout
+    super().__init__(local, spec)
+    program, layout = local.program, local.layout
 
-    def fused(params, opt_state, batch, global_flat, alphas):
+    def fused(state, batch, global_flat, alphas):
       if global_flat is not None:
-        merged = worker_merge(layout.ravel(params), global_flat, layout.per_element(alphas))
-        params = layout.unravel(merged)
-      params, opt_state, message, loss = step(params, opt_state, batch)
+        state = program.apply(state, flat_reply(layout, global_flat, alphas))
+      state, message, loss = program.step(state, batch)
       flat = layout.ravel(message)
-      return params, opt_state, flat, all_finite(flat), loss
+      return state, flat, all_finite(flat), loss
 
-    self.plain = jax.jit(lambda p, s, b: fused(p, s, b, None, None))
+    self.plain = jax.jit(lambda state, batch: fused(state, batch, None, None))
     self.merging = jax.jit(fused)
+    self.merge = jax.jit(lambda s, g, a: program.apply(s, flat_reply(layout, g, a)))
+    self.global_flat = layout.to_vector(program.params(local.state))  # the last x~ received
+    self.alphas = np.zeros(layout.num_shards, np.float32)
+    self.pending = False
 
   def warm_up(self, batch: Any) -> None:
-    w = self.w
-    timed(self.plain, w.params, w.opt_state, batch)
-    timed(self.merging, w.params, w.opt_state, batch, w.global_flat, w.alphas)
+    state = self.local.state
+    timed(self.plain, state, batch)
+    timed(self.merging, state, batch, self.global_flat, self.alphas)
+    # Two replies before one step merge the first outside it.
+    timed(self.merge, state, self.global_flat, self.alphas)
+
+  def accept(self, calls: list[list[Any]]) -> None:
+    """Keeps the replies of finished calls for the next step's merge. A shard that replies
+    twice before the next step has its first reply merged at once, so that every reply is
+    applied, in order."""
+    bounds = self.local.layout.bounds
+    for replies in calls:
+      rounds = max((len(r[1]) for r in replies if r is not None), default=0)
+      for j in range(rounds):
+        for s, reply in enumerate(replies):
+          if reply is None or j >= len(reply[1]):
+            continue
+          if self.pending and self.alphas[s] != 0:
+            self.merge_pending()
+          self.global_flat[bounds[s] : bounds[s + 1]] = reply[0][j]
+          self.alphas[s] = reply[1][j]
+          self.pending = True
+        self.local.merges += 1
+
+  def take_pending(self) -> tuple[np.ndarray, np.ndarray] | None:
+    """The replies to merge at the start of the next step (None if none), then forgotten."""
+    if not self.pending:
+      return None
+    alphas = self.alphas.copy()
+    self.alphas[:] = 0.0
+    self.pending = False
+    return self.global_flat.copy(), alphas
+
+  def merge_pending(self) -> None:
+    """Merges what is pending now (Eq. 3), outside a step."""
+    pending = self.take_pending()
+    if pending is not None:
+      self.local.state = self.merge(self.local.state, *pending)
+
+  def local_params(self) -> Any:
+    self.merge_pending()
+    return super().local_params()
+
+  def flush(self) -> float:
+    outbox = self.local.transport
+    wait = outbox.flush()
+    self.accept(outbox.take())
+    self.merge_pending()
+    return wait
 
   def dispatch(self) -> tuple[Any, Any, float]:
     """Starts the next step (merging what is pending) without waiting for it; returns its
     message and finiteness (device arrays) and when it was dispatched."""
-    w = self.w
-    batch = next(w.batches)
-    pending = w.take_pending()
-    args = (
-      (w.params, w.opt_state, batch)
-      if pending is None
-      else (w.params, w.opt_state, batch, *pending)
-    )
+    local = self.local
+    batch = next(local.batches)
+    pending = self.take_pending()
     t0 = time.perf_counter()
-    w.params, w.opt_state, flat, finite, w.last_loss = (
-      self.plain if pending is None else self.merging
-    )(*args)
+    if pending is None:
+      local.state, flat, finite, local.last_loss = self.plain(local.state, batch)
+    else:
+      local.state, flat, finite, local.last_loss = self.merging(local.state, batch, *pending)
     return flat, finite, t0
 
   def step(self) -> tuple[np.ndarray, bool, float]:
@@ -112,8 +247,15 @@ class _Served(_Iteration):
     message, finite = np.asarray(flat), bool(finite)
     return message, finite, time.perf_counter() - t0
 
+  def exchange(self, message: np.ndarray, finite: bool) -> float:
+    """Sends the message, waits for the answer and keeps it; returns the seconds waited."""
+    outbox = self.local.transport
+    wait = outbox.push(message, finite) + outbox.flush()
+    self.accept(outbox.take())
+    return wait
 
-class Aladdin(_Served):
+
+class AladdinIteration(Served):
   """Algorithm 1: local step, push (no waiting: the outbox sends, folding while
   ``max_inflight`` calls are unanswered), merge the replies that have arrived.
 
@@ -127,20 +269,26 @@ class Aladdin(_Served):
   straggler sleeps in proportion to it).
   """
 
-  def __init__(self, w: Any):
-    super().__init__(w, w.config.spec.worker_step(w.task.loss_fn))
+  folds = True
+
+  @staticmethod
+  def plan(spec: Any) -> Any:
+    """Calls of up to ``FOLD_PERIODS`` periods of messages, applied by the shards in blocks of
+    up to ``BLOCK_PERIODS`` periods."""
+    from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS, Plan
+
+    period = int(spec.period)
+    return Plan(period=period, max_fold=FOLD_PERIODS * period, block=BLOCK_PERIODS * period)
+
+  def __init__(self, local: Local, spec: Any):
+    super().__init__(local, spec)
     self.inflight: collections.deque[tuple[Any, Any, float]] = collections.deque()
     self.last_ready = self.waited = 0.0
 
-  @staticmethod
-  def max_fold(spec: Any) -> int:
-    return FOLD_PERIODS * int(spec.period)
-
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    w = self.w
-    if sync or deadline is None or w.slowdown > 1.0:
+    if sync or deadline is None or self.local.slowdown > 1.0:
       message, finite, compute = self.step()
-      sleep = w.sleep_for(compute)
+      sleep = self.local.sleep_for(compute)
       return self._send(message, finite, compute, sleep, sync)
     while len(self.inflight) < STEPS_AHEAD:
       self.inflight.append(self.dispatch())
@@ -173,193 +321,205 @@ class Aladdin(_Served):
   def _send(
     self, message: np.ndarray, finite: bool, compute: float, sleep: float, sync: bool
   ) -> Stats:
-    w = self.w
-    wait = w.outbox.push(message, finite)
     if sync:  # the deterministic schedule: every reply merged before the next message
-      wait += w.outbox.flush()
-    w.accept(w.outbox.take())
-    return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
+      return _stats(compute, sleep, self.exchange(message, finite))
+    outbox = self.local.transport
+    wait = outbox.push(message, finite)
+    self.accept(outbox.take())
+    return _stats(compute, sleep, wait)
 
 
-class Asp(_Served):
-  """Hogwild: the gradient at the current model, sent; wait for x~ and adopt it."""
+class AspIteration(Served):
+  """Hogwild: the gradient at the current model, sent; wait for x~ and adopt it. (EASGD: the
+  same every ``tau``-th local step, the message being the model.)"""
 
-  def __init__(self, w: Any):
-    import jax
-
-    grad = jax.value_and_grad(w.task.loss_fn)
-
-    def step(params, opt_state, batch):
-      loss, grads = grad(params, batch)
-      return params, opt_state, grads, loss
-
-    super().__init__(w, step)
+  def every(self) -> int:
+    return 1
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    w = self.w
     message, finite, compute = self.step()
-    sleep = w.sleep_for(compute)
-    wait = w.outbox.push(message, finite) + w.outbox.flush()
-    w.accept(w.outbox.take())
-    return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
+    sleep = self.local.sleep_for(compute)
+    exchange = (self.local.iteration + 1) % self.every() == 0
+    return _stats(compute, sleep, self.exchange(message, finite) if exchange else 0.0)
 
 
-class Easgd(_Served):
+class EasgdIteration(AspIteration):
   """Elastic averaging: local steps; every ``tau``-th, exchange the model with the shards and
   adopt the answer."""
 
-  def __init__(self, w: Any):
-    from optax_lena._src.aladdin.worker import local_step
-
-    step = local_step(w.task.loss_fn, w.config.spec.worker_tx, message="gradient")
-
-    def model_step(params, opt_state, batch):
-      params, opt_state, _, loss = step(params, opt_state, batch)
-      return params, opt_state, params, loss  # the message is the new local model
-
-    super().__init__(w, model_step)
-
-  def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    w = self.w
-    message, finite, compute = self.step()
-    sleep = w.sleep_for(compute)
-    wait = 0.0
-    if (w.iteration + 1) % w.config.spec.tau == 0:
-      wait = w.outbox.push(message, finite) + w.outbox.flush()
-      w.accept(w.outbox.take())
-    return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
+  def every(self) -> int:
+    return int(self.spec.tau)
 
 
-class ArSgd(_Iteration):
+class ReducerLink:
+  """AR-SGD's all-reduce through the reducer actors (one per slice of the model)."""
+
+  def __init__(self, reducers: list[Any], layout: FlatLayout):
+    self.reducers, self.layout = reducers, layout
+
+  def allreduce(self, step: int, worker: int, flat: np.ndarray) -> np.ndarray:
+    import ray
+
+    parts = self.layout.split(flat)
+    refs = [r.reduce.remote(step, worker, p) for r, p in zip(self.reducers, parts, strict=True)]
+    return self.layout.join(ray.get(refs))
+
+
+class ArSgdIteration(Iteration):
   """Synchronous: the gradient, all-reduced by the reducers (a barrier), the same step on every
   worker."""
 
-  peers, rounds, global_model = "reducers", True, "worker0"
-
-  def __init__(self, w: Any):
+  def __init__(self, local: Local, spec: Any):
     import jax
-    import optax
 
     from optax_lena._src.aladdin.server import all_finite
 
-    self.w, layout, tx = w, w.layout, w.config.spec.worker_tx
-    grad = jax.value_and_grad(w.task.loss_fn)
+    super().__init__(local, spec)
+    program, layout = local.program, local.layout
 
-    def gradient(params, batch):
-      loss, grads = grad(params, batch)
+    def gradient(state, batch):
+      state, grads, loss = program.step(state, batch)
       flat = layout.ravel(grads)
       return flat, all_finite(flat), loss
 
-    def apply(params, opt_state, mean):
-      updates, opt_state = tx.update(layout.unravel(mean), opt_state, params)
-      return optax.apply_updates(params, updates), opt_state
+    self.gradient = jax.jit(gradient)
+    # The sum arrives as a tree (cut on the host): XLA fusing the cut into the step would
+    # change its last bits, and the simulator's step would differ.
+    self.apply = jax.jit(program.apply)
+    self.plain = self.gradient
 
-    self.gradient, self.apply = jax.jit(gradient), jax.jit(apply)
+  @staticmethod
+  def start_peers(driver: Any, ray: Any) -> None:
+    from optax_lena._src.aladdin.ray.rendezvous import Reducer
+
+    n, shards = driver.config.num_workers, driver.config.ps_shards
+    driver.peers = [driver._start_meeting(ray, Reducer, n) for _ in range(shards)]
+
+  @staticmethod
+  def global_params(driver: Any, timeout: float | None) -> Any:
+    """Worker 0's model (every worker holds the same)."""
+    return driver._get(driver.workers[0].get_params.remote(), timeout)
 
   def warm_up(self, batch: Any) -> None:
-    w = self.w
-    (flat, _, _), _ = timed(self.gradient, w.params, batch)
-    timed(self.apply, w.params, w.opt_state, flat)
+    (flat, _, _), _ = timed(self.gradient, self.local.state, batch)
+    timed(self.apply, self.local.state, self.local.layout.to_tree(np.asarray(flat)))
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
+    local = self.local
+    (flat, _, local.last_loss), compute = timed(self.gradient, local.state, next(local.batches))
+    sleep = local.sleep_for(compute)
+    t0 = time.perf_counter()
+    total = local.transport.allreduce(local.iteration, local.index, np.asarray(flat))
+    wait = time.perf_counter() - t0
+    local.state = self.apply(local.state, local.layout.to_tree(total))
+    return _stats(compute, sleep, wait)
+
+
+class MailboxLink:
+  """SGP's gossip through the mailbox actor: ``post`` a message to ``(node, round)``,
+  ``request`` one and ``receive`` it (None if it has not come within ``timeout``)."""
+
+  def __init__(self, mailbox: Any):
+    self.mailbox = mailbox
+
+  def post(self, node: int, step: int, message: Any) -> None:
+    self.mailbox.post.remote(node, step, message)
+
+  def request(self, node: int, step: int) -> Any:
+    return self.mailbox.take.remote(node, step)
+
+  def receive(self, handle: Any, timeout: float | None) -> Any:
     import ray
 
-    w = self.w
-    (flat, _, w.last_loss), compute = timed(self.gradient, w.params, next(w.batches))
-    sleep = w.sleep_for(compute)
-    parts = w.layout.split(np.asarray(flat))
-    t0 = time.perf_counter()
-    refs = [r.reduce.remote(w.iteration, w.index, p) for r, p in zip(w.peers, parts, strict=True)]
-    mean = w.layout.join(ray.get(refs))
-    wait = time.perf_counter() - t0
-    w.params, w.opt_state = self.apply(w.params, w.opt_state, mean)
-    return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
+    ready, _ = ray.wait([handle], timeout=timeout)
+    return ray.get(handle) if ready else None
 
 
-class Sgp(_Iteration):
+class SgpIteration(Iteration):
   """Push-sum gossip: step on the de-biased model, keep half, push half to this round's peer,
   then mix the message the in-peer pushed ``overlap`` rounds earlier (the paper: 1), waiting for
   it at most until the deadline (a chunk that ends first mixes it at the start of the next)."""
 
-  peers, rounds, global_model = "mailbox", False, "mean"
-
-  def __init__(self, w: Any):
+  def __init__(self, local: Local, spec: Any):
     import jax
-    import optax
 
-    spec = w.config.spec
-    self.w, layout, tx = w, w.layout, spec.worker_tx
+    super().__init__(local, spec)
+    program, layout = local.program, local.layout
     self.overlap = spec.overlap
-    self.gossip = gossip = spec.gossip(w.config.num_workers)
-    grad = jax.value_and_grad(w.task.loss_fn)
-    self.weight = np.float32(1.0)
+    self.gossip = spec.gossip(local.num_workers)
     self.awaiting: Any = None
 
-    def step(x, weight, opt_state, batch):
-      z = gossip.debias(x, weight)
-      loss, grads = grad(z, batch)
-      updates, opt_state = tx.update(grads, opt_state, z)
-      (x, weight), _ = gossip.send(optax.apply_updates(x, updates), weight)
-      return x, weight, opt_state, layout.ravel(x), loss
+    def step(state, batch):
+      state, (numerator, _), loss = program.step(state, batch)
+      return state, layout.ravel(numerator), loss
 
-    def mix(x, weight, message, message_weight):
-      return gossip.mix(x, weight, layout.unravel(message), message_weight)
+    def mix(state, message, message_weight):
+      return program.apply(state, (layout.unravel(message), message_weight))
 
-    self.step, self.mix = jax.jit(step), jax.jit(mix)
-    self.debias = jax.jit(gossip.debias)
+    self.plain, self.mix = jax.jit(step), jax.jit(mix)
+    self.params = jax.jit(program.params)
+
+  @staticmethod
+  def start_peers(driver: Any, ray: Any) -> None:
+    from optax_lena._src.aladdin.ray.rendezvous import Mailbox
+
+    driver.peers = [driver._start_meeting(ray, Mailbox)]
+
+  @staticmethod
+  def global_params(driver: Any, timeout: float | None) -> Any:
+    """The average of the workers' de-biased models (in float64, on the driver)."""
+    models = driver._get([w.get_params.remote() for w in driver.workers], timeout)
+    vectors = [driver.layout.to_vector(m) for m in models]
+    return driver.layout.to_tree(np.asarray(np.mean(vectors, axis=0, dtype=np.float64)))
 
   def warm_up(self, batch: Any) -> None:
-    w = self.w
-    (x, weight, _, flat, _), _ = timed(self.step, w.params, self.weight, w.opt_state, batch)
-    timed(self.mix, x, weight, flat, weight)
-    timed(self.debias, x, weight)
+    (state, flat, _), _ = timed(self.plain, self.local.state, batch)
+    timed(self.mix, state, flat, state.weight)
+    timed(self.params, state)
 
   def _receive(self, deadline: float | None) -> tuple[bool, float]:
     """Mixes the awaited message; False if the deadline came first."""
-    import ray
-
-    w = self.w
+    local = self.local
     if self.awaiting is None:
       return True, 0.0
     t0 = time.perf_counter()
     timeout = None if deadline is None else max(0.0, deadline - time.time())
-    ready, _ = ray.wait([self.awaiting], timeout=timeout)
+    message = local.transport.receive(self.awaiting, timeout)
     wait = time.perf_counter() - t0
-    if not ready:
+    if message is None:
       return False, wait
-    message, message_weight = ray.get(self.awaiting)
     self.awaiting = None
-    w.params, self.weight = self.mix(w.params, self.weight, message, np.float32(message_weight))
-    w.totals["merges"] += 1
+    local.state = self.mix(local.state, message[0], np.float32(message[1]))
+    local.merges += 1
     return True, wait
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    w = self.w
+    local = self.local
     mixed, wait = self._receive(deadline)
     if not mixed:
-      return {"compute_s": 0.0, "sleep_s": 0.0, "wait_s": wait, "skipped": 1.0}
-    k = w.iteration
-    (w.params, self.weight, w.opt_state, flat, w.last_loss), compute = timed(
-      self.step, w.params, self.weight, w.opt_state, next(w.batches)
+      return {**_stats(0.0, 0.0, wait), "skipped": 1.0}
+    k = local.iteration
+    (local.state, flat, local.last_loss), compute = timed(
+      self.plain, local.state, next(local.batches)
     )
-    sleep = w.sleep_for(compute)
-    mailbox = w.peers[0]
-    mailbox.post.remote(self.gossip.peer(w.index, k), k, (np.asarray(flat), float(self.weight)))
+    sleep = local.sleep_for(compute)
+    weight = float(local.state.weight)
+    local.transport.post(self.gossip.peer(local.index, k), k, (np.asarray(flat), weight))
     if k >= self.overlap:
-      self.awaiting = mailbox.take.remote(w.index, k - self.overlap)
+      self.awaiting = local.transport.request(local.index, k - self.overlap)
       _, more = self._receive(deadline)
       wait += more
-    return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
+    return _stats(compute, sleep, wait)
 
   def local_params(self) -> Any:
-    return self.debias(self.w.params, self.weight)
+    return self.params(self.local.state)
 
 
 for _name, _iteration in (
-  ("aladdin", Aladdin),
-  ("ar_sgd", ArSgd),
-  ("asp", Asp),
-  ("easgd", Easgd),
-  ("sgp", Sgp),
+  ("aladdin", AladdinIteration),
+  ("ar_sgd", ArSgdIteration),
+  ("asp", AspIteration),
+  ("easgd", EasgdIteration),
+  ("sgp", SgpIteration),
 ):
   algorithms.entry(_name).attach("ray", _iteration)

@@ -57,13 +57,14 @@ class FlatLayout:
     leaves = jax.tree.leaves(tree)
     return jnp.concatenate([jnp.ravel(x).astype(self.dtype) for x in leaves])
 
-  def unravel(self, vector: Any) -> PyTree:
-    """The inverse of :meth:`ravel`, every leaf in its own shape and dtype (traceable)."""
+  def unravel(self, vector: Any, cast: bool = True) -> PyTree:
+    """The inverse of :meth:`ravel`, every leaf in its own shape and dtype (traceable; with
+    ``cast=False`` in the vector's dtype)."""
     import jax
 
     offsets = np.cumsum([0, *self.sizes])
     leaves = [
-      vector[a:b].reshape(shape).astype(dtype)
+      vector[a:b].reshape(shape).astype(dtype if cast else vector.dtype)
       for a, b, shape, dtype in zip(offsets, offsets[1:], self.shapes, self.dtypes, strict=False)
     ]
     return jax.tree.unflatten(self.treedef, leaves)

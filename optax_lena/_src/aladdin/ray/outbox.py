@@ -46,6 +46,7 @@ class Outbox:
     worker: int,
     shards: list[Any],
     layout: FlatLayout,
+    *,
     max_inflight: int,
     max_fold: int,
     min_fold: int = 1,

@@ -40,24 +40,26 @@ class _Slots:
     return slot["result"]
 
 
-def _mean(parts: list[np.ndarray]) -> np.ndarray:
-  from optax_lena._src.aladdin.baselines import ar_sgd_mean
+def total(parts: list[np.ndarray]) -> np.ndarray:
+  """The sum of the workers' slices, in worker-index order (so that it does not depend on the
+  arrival order), in JAX's reduction (the simulator sums the same way inside its step)."""
+  import jax.numpy as jnp
 
-  # In worker-index order, so the mean does not depend on the arrival order.
-  return np.asarray(ar_sgd_mean([np.asarray(p) for p in parts]))
+  return np.asarray(jnp.sum(jnp.stack([np.asarray(p) for p in parts]), axis=0))
 
 
 class Reducer:
-  """AR-SGD's barrier on one shard: the mean of the n workers' slices of one iteration."""
+  """AR-SGD's barrier on one shard: the sum of the n workers' slices of one iteration (the
+  workers divide it by n in their step: the AR-SGD program's ``apply``)."""
 
   def __init__(self, num_workers: int):
     self.num_workers = num_workers
     self.slots = _Slots(num_workers)
 
   async def reduce(self, step: int, worker: int, grads: np.ndarray) -> np.ndarray:
-    """Waits until the n workers sent their slices for ``step``; returns their mean."""
+    """Waits until the n workers sent their slices for ``step``; returns their sum."""
     self.slots.put(step, int(worker), grads)
-    return await self.slots.wait(step, _mean, self.num_workers)
+    return await self.slots.wait(step, total, self.num_workers)
 
 
 class Mailbox:

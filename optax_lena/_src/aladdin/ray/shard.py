@@ -11,10 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import Config
-from optax_lena._src.aladdin.ray.iterations import BLOCK_PERIODS, max_fold
 
 
 def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
@@ -103,24 +101,23 @@ class ServerShard:
     self.num_checkpoints = 0
     self.restored_updates = -1
     server = config.spec.server(config.num_workers)
-    period = int(getattr(config.spec, "period", 1))
-    self.max_fold = max_fold(algorithms.entry(config.name).engine("ray"), config.spec)
+    plan = config.plan
+    self.max_fold = plan.max_fold
     # Own buffers for every leaf (an init may share one zero between two counters), which the
     # donation below requires.
     self.state: Any = _own(server.init(jax.numpy.asarray(params)))
     # The state is donated: XLA updates the shard's buffers in place, message after message.
-    receive = folded_receive(server, period, recheck=config.recheck_messages)
+    receive = folded_receive(server, plan.period, recheck=config.recheck_messages)
     self._receive = jax.jit(receive, donate_argnums=0)
     self.rings = channel.Mapped(self.size, self.dtype, self.max_fold)
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
-    # A call's messages are applied in blocks of up to BLOCK_PERIODS periods (the same values as
-    # one block, or one message at a time). Every block size is compiled before the run's clock
-    # starts (result discarded): up to a period (flushes, slow steps) and whole periods.
-    self.block = min(self.max_fold, BLOCK_PERIODS * period)
-    sizes = sorted({*range(1, min(period, self.block) + 1), *range(period, self.block + 1, period)})
-    for k in sizes:
+    # A call's messages are applied in blocks of up to ``plan.block`` (the same values as one
+    # block, or one message at a time). Every block size is compiled before the run's clock
+    # starts (result discarded).
+    self.block = plan.block
+    for k in plan.block_sizes():
       zeros = np.zeros((k, self.size), self.dtype)
       jax.block_until_ready(self._receive(_own(self.state), zeros, np.zeros(k, bool), np.int32(0)))
 

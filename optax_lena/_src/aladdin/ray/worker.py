@@ -1,5 +1,5 @@
-"""A worker actor: its data, local model and optimizer state; runs its algorithm's iterations
-(:mod:`~optax_lena._src.aladdin.ray.iterations`) in chunks scheduled by the driver."""
+"""A worker actor: its data, its program's state and its transport; runs its algorithm's
+iterations (:mod:`~optax_lena._src.aladdin.ray.iterations`) in chunks scheduled by the driver."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import numpy as np
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import Config, Task
-from optax_lena._src.aladdin.ray.iterations import max_fold
+from optax_lena._src.aladdin.ray.iterations import Local, MailboxLink, ReducerLink
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.outbox import Outbox
 
 TOTALS = ("iterations", "compute_s", "sleep_s", "wait_s", "busy_s")
 
 
-class Worker:
+class WorkerActor:
   """Worker ``index`` (a Ray actor; plain class here).
 
   Args:
@@ -56,7 +56,6 @@ class Worker:
     import ray
 
     from optax_lena._src.aladdin.ray import cores as placement
-    from optax_lena._src.aladdin.worker import worker_merge
 
     ray_threads = placement.thread_ids()
     self.threads_limited = placement.limit_intra_op_threads(threads)
@@ -65,69 +64,64 @@ class Worker:
     if nice:
       os.nice(nice)
     self.index, self.task, self.config = index, task, config
-    self.shards, self.peers = list(shards), list(peers)
-    self.layout = FlatLayout(task.init_params, config.ps_shards)
-    iteration = algorithms.entry(config.name).engine("ray")
-    fold = max_fold(iteration, config.spec)
-    period = min(fold, int(getattr(config.spec, "period", 1)))
-    self.outbox = Outbox(
-      index,
-      self.shards,
-      self.layout,
-      config.max_inflight,
-      fold,
-      config.fold or period,
-      period,
-      self._open_ring(run, fold, -(-fold // period)) if config.shared_memory else None,
-    )
+    self.shards = list(shards)
+    self.layout = layout = FlatLayout(task.init_params, config.ps_shards)
+    plan = config.plan
+    self.outbox: Outbox | None = None
+    if self.shards:
+      ring = None
+      if config.shared_memory:
+        ring = self._open_ring(run, plan.max_fold, plan.reply_slots)
+      self.outbox = Outbox(
+        index,
+        self.shards,
+        layout,
+        max_inflight=config.max_inflight,
+        max_fold=plan.max_fold,
+        min_fold=config.fold or plan.period,
+        unit=plan.period,
+        ring=ring,
+      )
     context = ray.get_runtime_context()
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
-    self.slowdown = float(config.slowdown.get(index, 1.0))
     # A worker (re)starts from the current global model: after a restart by Ray it resumes the
     # training where the cluster is, not from the initial parameters.
     self.start_updates = 0
     params = task.init_params
-    if iteration.peers == "shards":
+    if self.shards:
       params, self.start_updates = self._fetch_global()
-    self.params = jax.tree.map(jax.numpy.asarray, params)
-    tx = config.spec.worker_tx
-    self.opt_state = tx.init(self.params) if tx is not None else ()
-    self.global_flat = self.layout.to_vector(params)  # the last x~ slices received
-    self.alphas = np.zeros(self.layout.num_shards, np.float32)
-    self.pending = False
-    self.iteration = 0
-    self.last_loss: Any = float("nan")
-    self.totals: dict[str, Any] = {key: 0 for key in TOTALS} | {"merges": 0}
+    program = config.spec.program(task.loss_fn, config.num_workers)
+    transport: Any = self.outbox
+    if peers and config.spec.synchronous:
+      transport = ReducerLink(list(peers), layout)
+    elif peers:
+      transport = MailboxLink(peers[0])
     # Restarted incarnations draw another data order (the killed one's position is lost).
-    self.batches = task.batches(index, config.seed * 1000 + 17 * self.incarnation)
-    self.algorithm = iteration(self)
-    first = next(self.batches)  # kept for the first iteration
-    self.batches = itertools.chain([first], self.batches)
+    batches = task.batches(index, config.seed * 1000 + 17 * self.incarnation)
+    first = next(batches)  # kept for the first iteration
+    self.local = Local(
+      index,
+      program,
+      layout,
+      program.init(jax.tree.map(jax.numpy.asarray, params)),
+      itertools.chain([first], batches),
+      transport,
+      config.num_workers,
+      slowdown=float(config.slowdown.get(index, 1.0)),
+    )
+    self.totals: dict[str, Any] = dict.fromkeys(TOTALS, 0)
+    self.algorithm = algorithms.entry(config.name).engine("ray")(self.local, config.spec)
     self.algorithm.warm_up(first)
     if claim is not None:
       placement.follow_the_step(claim, lambda: self.algorithm.warm_up(first))
     # The default fold follows the step's time: timed now, then over each chunk (a step timed
     # while the other actors start up is slower than in the run).
-    self.adapt_fold = config.fold is None and fold > period
-    if self.adapt_fold:
-      self._fold_for(self._time_step(first))
-    layout = self.layout
-    self._merge = jax.jit(
-      lambda p, g, a: layout.unravel(worker_merge(layout.ravel(p), g, layout.per_element(a)))
+    self.adapt_fold = (
+      self.outbox is not None and config.fold is None and plan.max_fold > plan.period
     )
-    if iteration.peers == "shards":
-      # Compiled now (result discarded): two replies before one step merge the first outside it.
-      jax.block_until_ready(self._merge(self.params, self.global_flat, self.alphas))
+    if self.adapt_fold:
+      self._fold_for(self.algorithm.step_time(first))
     self.devices = [str(d) for d in jax.local_devices()]
-
-  def _time_step(self, batch: Any) -> float:
-    """The median seconds of 5 local steps (results discarded: the model does not move)."""
-    import statistics
-
-    from optax_lena._src.aladdin.ray.iterations import timed
-
-    plain = self.algorithm.plain
-    return statistics.median(timed(plain, self.params, self.opt_state, batch)[1] for _ in range(5))
 
   def _fold_for(self, step_seconds: float) -> None:
     """Sets the fold to whole periods of messages, as many as this worker computes in
@@ -135,6 +129,7 @@ class Worker:
     costs the worker and the shard a fixed CPU time that short steps would otherwise pay every
     period, while the first message of a fold still reaches the shards at most about
     ``fold_seconds`` later."""
+    assert self.outbox is not None
     period, most = self.outbox.unit, self.outbox.max_fold
     periods = int(self.config.fold_seconds // max(period * step_seconds, 1e-9))
     self.outbox.set_min_fold(period * max(1, min(periods, most // period)))
@@ -143,8 +138,6 @@ class Worker:
     """The worker's shared-memory ring where every shard runs on its node (else None)."""
     import ray
 
-    if not self.shards:
-      return None
     here = ray.get_runtime_context().get_node_id()
     if any(s["node_id"] != here for s in ray.get([s.stats.remote() for s in self.shards])):
       return None
@@ -158,57 +151,12 @@ class Worker:
     vector = self.layout.join([p for p, _ in replies])
     return self.layout.to_tree(vector), min(n for _, n in replies)
 
-  # -- what the iterations share --------------------------------------------------------------
-
-  def sleep_for(self, compute_s: float) -> float:
-    """The emulated straggler: sleeps ``(slowdown - 1)`` times the compute time."""
-    if self.slowdown <= 1.0:
-      return 0.0
-    pause = (self.slowdown - 1.0) * compute_s
-    time.sleep(pause)
-    return pause
-
-  def accept(self, calls: list[list[Any]]) -> None:
-    """Keeps the shards' replies of finished calls for the next step's merge (a call's reply:
-    None, or ``(slices[n], alphas[n])``, its ``n`` global updates in order). A shard that
-    replies twice before the next step has its first reply merged at once, so that every reply
-    is applied, in order."""
-    for replies in calls:
-      rounds = max((len(r[1]) for r in replies if r is not None), default=0)
-      for j in range(rounds):
-        for s, reply in enumerate(replies):
-          if reply is None or j >= len(reply[1]):
-            continue
-          if self.pending and self.alphas[s] != 0:
-            self.merge_pending()
-          a, b = self.layout.bounds[s], self.layout.bounds[s + 1]
-          self.global_flat[a:b] = reply[0][j]
-          self.alphas[s] = reply[1][j]
-          self.pending = True
-        self.totals["merges"] += 1
-
-  def take_pending(self) -> tuple[np.ndarray, np.ndarray] | None:
-    """The replies to merge at the start of the next step (None if none), then forgotten."""
-    if not self.pending:
-      return None
-    alphas = self.alphas.copy()
-    self.alphas[:] = 0.0
-    self.pending = False
-    return self.global_flat.copy(), alphas
-
-  def merge_pending(self) -> None:
-    """Merges what is pending now (Eq. 3), outside a step."""
-    pending = self.take_pending()
-    if pending is None:
-      return
-    self.params = self._merge(self.params, *pending)
-
   # -- what the driver calls ------------------------------------------------------------------
 
   def _counted(self, stats: dict[str, float]) -> dict[str, float]:
     """One iteration's statistics, counted unless it was skipped."""
     if not stats.pop("skipped", 0.0):
-      self.iteration += 1
+      self.local.iteration += 1
       stats["iterations"] = 1
     return stats
 
@@ -221,8 +169,8 @@ class Worker:
     """Runs iterations until ``deadline`` (``time.time()``), ``max_seconds`` or
     ``max_iterations``, whichever comes first; returns this chunk's statistics."""
     start = time.perf_counter()
-    stats: dict[str, Any] = {key: 0 for key in TOTALS}
-    merges = self.totals["merges"]
+    stats: dict[str, Any] = dict.fromkeys(TOTALS, 0)
+    merges = self.local.merges
     while not (
       (deadline is not None and time.time() >= deadline)
       or (max_seconds is not None and time.perf_counter() - start >= max_seconds)
@@ -236,7 +184,7 @@ class Worker:
     stats["busy_s"] = time.perf_counter() - start
     for key in TOTALS:
       self.totals[key] += stats[key]
-    stats["merges"] = self.totals["merges"] - merges
+    stats["merges"] = self.local.merges - merges
     if self.adapt_fold and stats["iterations"] and stats["compute_s"] > 0:
       self._fold_for(stats["compute_s"] / stats["iterations"])
     return {**stats, **self._identity()}
@@ -244,22 +192,19 @@ class Worker:
   def step_sync(self) -> dict[str, Any]:
     """One iteration that waits for every reply (the deterministic schedule)."""
     start = time.perf_counter()
-    merges = self.totals["merges"]
+    merges = self.local.merges
     stats: dict[str, Any] = self._counted(self.algorithm.iterate(True, None))
     stats["busy_s"] = time.perf_counter() - start
     for key in TOTALS:
       self.totals[key] += stats.get(key, 0)
-    stats["merges"] = self.totals["merges"] - merges
+    stats["merges"] = self.local.merges - merges
     return {**stats, **self._identity()}
 
   def flush(self) -> int:
     """Sends every folded message and merges every reply; returns the messages sent so far per
     shard."""
-    if self.shards:
-      self.totals["wait_s"] += self.outbox.flush()
-      self.accept(self.outbox.take())
-    self.merge_pending()
-    return self.outbox.sent[0] if self.outbox.sent else 0
+    self.totals["wait_s"] += self.algorithm.flush()
+    return self.outbox.sent[0] if self.outbox is not None else 0
 
   def _identity(self) -> dict[str, Any]:
     return {
@@ -267,16 +212,14 @@ class Worker:
       "pid": os.getpid(),
       "incarnation": self.incarnation,
       "start_updates": self.start_updates,
-      "loss": float(self.last_loss),
+      "loss": float(self.local.last_loss),
     }
 
   def get_params(self) -> Any:
     """The local model x_i (NumPy; SGP: the de-biased model), pending replies merged."""
     import jax
 
-    self.merge_pending()
-    local = getattr(self.algorithm, "local_params", lambda: self.params)()
-    return jax.tree.map(np.asarray, jax.device_get(local))
+    return jax.tree.map(np.asarray, jax.device_get(self.algorithm.local_params()))
 
   def info(self) -> dict[str, Any]:
     """Identity (pid, node, incarnation, global updates at start), running totals, messages
@@ -287,10 +230,11 @@ class Worker:
     return {
       **self._identity(),
       **self.totals,
-      "sent": list(self.outbox.sent),
-      "calls": self.outbox.calls,
-      "shared_memory": self.outbox.ring is not None,
-      "fold": self.outbox.min_fold,
+      "merges": self.local.merges,
+      "sent": list(self.outbox.sent) if self.outbox else [],
+      "calls": self.outbox.calls if self.outbox else 0,
+      "shared_memory": self.outbox is not None and self.outbox.ring is not None,
+      "fold": self.outbox.min_fold if self.outbox else 1,
       "node_id": context.get_node_id(),
       "devices": self.devices,
       "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},

@@ -1,8 +1,8 @@
 """The cost model of the ALADDIN cluster simulator: who computes how fast, what a message costs.
 
 Everything here is plain Python arithmetic on seconds and bytes (no JAX): the simulator
-(:mod:`optax_lena._src.aladdin.sim.simulator`) asks a :class:`Cluster` how long a worker's iteration,
-a message, a parameter-server (PS) pass or a ring all-reduce takes.
+(:mod:`~optax_lena._src.aladdin.sim.simulator`) asks a :class:`Cluster` how long a worker's
+iteration, a message, a parameter-server (PS) pass or a ring all-reduce takes.
 
 Model (the stated assumptions; ``docs/ALADDIN.md`` discusses them):
 

@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 PyTree = Any
 
 
@@ -131,7 +130,7 @@ class Compute:
   def step(self, worker: Any) -> Any:
     return None
 
-  def cluster_step(self, workers: Sequence[Any]) -> None:
+  def cluster_step(self, workers: Sequence[Any]) -> Any:
     return None
 
   def receive(self, worker: Any, message: Any) -> Any:
@@ -179,11 +178,12 @@ class Training(Compute):
       self.receive_fn = jax.jit(self.server.receive)
 
     def cluster_step(state, xs, ys):
-      # Every worker's message (gradient) at the one model, their mean (the all-reduce), and
-      # the reply applied: all in one computation.
+      # Every worker's message (gradient) at the one model, their sum (the all-reduce), and
+      # the reply applied: all in one computation. (XLA may fuse the sum over the workers with
+      # the sums over each batch, so its last bit may differ from a sum of the messages.)
       messages, losses = jax.vmap(lambda x, y: program.step(state, (x, y))[1:])(xs, ys)
-      mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), messages)
-      return program.apply(state, mean), jnp.mean(losses)
+      total = jax.tree.map(lambda g: jnp.sum(g, axis=0), messages)
+      return program.apply(state, total), jnp.mean(losses), messages, total
 
     self.cluster_step_fn = jax.jit(cluster_step)
 
@@ -210,14 +210,17 @@ class Training(Compute):
     self.losses.append(loss)
     return message
 
-  def cluster_step(self, workers: Sequence[Any]) -> None:
+  def cluster_step(self, workers: Sequence[Any]) -> tuple[list[Any], PyTree]:
     batches = [self.next_batch(w) for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
-    state, loss = self.timer(self.cluster_step_fn, workers[0].model.state, xs, ys)
+    state, loss, messages, total = self.timer(
+      self.cluster_step_fn, workers[0].model.state, xs, ys
+    )
     for w in workers:
       w.model.state = state
     self.losses.append(loss)
+    return [jax.tree.map(lambda m, i=i: m[i], messages) for i in range(len(workers))], total
 
   def receive(self, worker: Any, message: Any) -> Any:
     self.server_state, reply = self.timer(

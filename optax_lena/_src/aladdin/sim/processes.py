@@ -127,7 +127,6 @@ class AladdinProcess(Process):
 class ArSgdProcess(Process):
   """A barrier every iteration, then a ring all-reduce of the gradients."""
 
-
   def start(self) -> None:
     self.arrived = 0
     super().start()
@@ -190,7 +189,6 @@ class SymmetricExchange(Process):
 class AspProcess(SymmetricExchange):
   """Send the gradient, wait for the PS to apply it and send x~ back, adopt it."""
 
-
   def computed(self, w: SymmetricWorker) -> None:
     e = self.engine
     e.log("compute", w.index)
@@ -204,7 +202,6 @@ class AspProcess(SymmetricExchange):
 @simulates("easgd")
 class EasgdProcess(SymmetricExchange):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
-
 
   def computed(self, w: SymmetricWorker) -> None:
     e = self.engine
