@@ -57,8 +57,6 @@ import numpy as np
 import optax
 
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin.ray.shard import folded_receive
-from optax_lena._src.aladdin.server import all_finite
 
 
 def resnet50_shapes(num_classes: int = 10) -> dict[str, tuple[int, ...]]:
@@ -137,7 +135,7 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
       grads,
       False,
     ),
-    "check_only": (jax.jit(all_finite), None, grads, False),
+    "check_only": (jax.jit(al.all_finite), None, grads, False),
     "receive": (
       jax.jit(server.receive, donate_argnums=(0,)),
       server.init(copy(params)),
@@ -159,7 +157,7 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
     ),
   }
   for name, recheck in (("shard_fold", False), ("shard_fold_recheck", True)):
-    receive = folded_receive(server, period, recheck=recheck)
+    receive = al.folded_receive(server, period, recheck=recheck)
     candidates[name] = (
       jax.jit(lambda state, msgs, r=receive: r(state, *msgs, worker), donate_argnums=(0,)),
       server.init(jnp.copy(flat_params)),

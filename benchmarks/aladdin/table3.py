@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.aladdin.training import ALGORITHMS, CLUSTERS, LABELS, save_figure
-from optax_lena._src.aladdin import cluster as cl
+from optax_lena.aladdin import simulator as cl
 from optax_lena.aladdin import simulator as sim
 
 # The paper's Table 3 (ResNet-50, VGG-16); ASP and EASGD are not in it.

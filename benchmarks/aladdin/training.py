@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from examples import input_pipeline, losses
 from examples.models import CNN1D
-from optax_lena._src.aladdin import cluster as cl
+from optax_lena.aladdin import simulator as cl
 from optax_lena.aladdin import simulator as sim
 
 ALGORITHMS = sim.ALGORITHMS

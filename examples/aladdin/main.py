@@ -155,23 +155,15 @@ def run_one(name: str, options: Options, task: Any, accuracy: Any) -> dict[str, 
       eval_every=options.eval_every,
       progress=options.progress,
     )
+  row = result.summary()
+  workers = row.pop("workers")  # per worker: only its priority and devices are reported
   return {
-    "algorithm": name,
-    "throughput": result.throughput,
+    **row,
     "test_accuracy": result.curve[-1][1],
-    "wait_fraction": result.wait_fraction,
-    "compute_fraction": result.compute_fraction,
-    "iterations": result.iterations,
-    "merges": result.merges,
-    "samples": result.samples,
-    "wall_s": result.wall_s,
     "startup_s": startup,
-    "curve": result.curve,
-    "curve_iterations": result.curve_iterations,
-    "shards": result.shards,
     "slowdown": {str(k): v for k, v in config.slowdown.items()},
-    "worker_nice": [w["nice"] for w in result.workers],
-    "devices": [w["devices"] for w in result.workers],
+    "worker_nice": [w["nice"] for w in workers],
+    "devices": [w["devices"] for w in workers],
   }
 
 
@@ -297,7 +289,7 @@ def _jsonable(value: Any) -> Any:
 
 def cli(argv: Sequence[str] | None = None) -> int:
   """``python -m examples.aladdin``: the exit status (130 / 143 after Ctrl-C / SIGTERM)."""
-  from optax_lena._src.aladdin.ray.signals import Interrupted, exit_on_stop_signals
+  from optax_lena.aladdin.distributed import Interrupted, exit_on_stop_signals
 
   exit_on_stop_signals()
   try:

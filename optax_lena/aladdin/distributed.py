@@ -27,12 +27,14 @@ except ImportError as _err:  # pragma: no cover - depends on the installation
   ) from _err
 
 from optax_lena._src.aladdin import algorithms as _algorithms
+from optax_lena._src.aladdin.ray import channel, cores
 from optax_lena._src.aladdin.ray import iterations as _iterations  # noqa: F401 - attaches Ray's
 from optax_lena._src.aladdin.ray.bootstrap import connect
 from optax_lena._src.aladdin.ray.config import (
   ClusterLostError,
   Config,
   Interrupted,
+  Plan,
   RunResult,
   Task,
 )
@@ -40,15 +42,20 @@ from optax_lena._src.aladdin.ray.driver import Runtime
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
+# ``channel`` (the shared-memory rings) and ``cores`` (core claims and thread placement) are the
+# runtime's low-level modules, public for the benchmarks that measure them.
 
 __all__ = [
   "ALGORITHMS",
   "ClusterLostError",
   "Config",
   "Interrupted",
+  "Plan",
   "RunResult",
   "Runtime",
   "Task",
+  "channel",
   "connect",
+  "cores",
   "exit_on_stop_signals",
 ]

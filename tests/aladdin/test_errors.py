@@ -88,26 +88,23 @@ def test_worker_merge_mismatch():
 
 
 @pytest.mark.parametrize(
-  ("max_bytes", "error", "match"),
+  "name",
   [
-    (0, ValueError, r"max_shard_bytes must be >= 1 .*e\.g\. 64 \* 2\*\*20"),
-    (2, ValueError, r"smaller than one element \(4 bytes\): use max_shard_bytes >= 4"),
-    (8.0, TypeError, r"max_shard_bytes must be a positive int"),
+    "ShardSpec",
+    "ShardedParameterServer",
+    "ShardedServerState",
+    "shard_params",
+    "sharded_parameter_server",
   ],
 )
-def test_bad_shard_size(max_bytes, error, match):
-  with pytest.raises(error, match=match):
-    al.shard_params(PARAMS, max_bytes)
-
-
-def test_shard_spec_misuse():
-  spec = al.shard_params(PARAMS, 16)
-  with pytest.raises(ValueError, match=r"same parameter pytree"):
-    spec.split({"w": jnp.zeros((2, 3))})
-  with pytest.raises(ValueError, match=r"merge expects .* shards"):
-    spec.merge(spec.split(PARAMS)[:-1])
-  with pytest.raises(TypeError, match=r"ShardSpec returned by al\.shard_params"):
-    al.sharded_parameter_server(2, optax.sgd(0.1), 16)
+def test_removed_sharding_names_say_what_replaces_them(name):
+  fix = r"removed: .*ad\.Config\(ps_shards=k\).*sim\.make_cluster\(\.\.\., num_shards=k\)"
+  with pytest.raises(ImportError, match=fix):
+    getattr(al, name)
+  with pytest.raises(ImportError, match=fix):
+    exec(f"from optax_lena.aladdin import {name}", {})
+  with pytest.raises(AttributeError):
+    al.no_such_name  # noqa: B018 - other names still raise AttributeError
 
 
 def test_baseline_arguments():

@@ -1,5 +1,6 @@
-"""Adding an algorithm is its pure pieces plus one simulator process (plus, for Ray, one worker
-iteration function): registering a toy algorithm and running it touches nothing else."""
+"""Adding an algorithm is its spec with its worker program (plus a server if it has one) and one
+simulator process (plus, for Ray, one iteration): registering a toy algorithm and running it
+touches nothing else."""
 
 import dataclasses
 from typing import ClassVar
@@ -10,13 +11,16 @@ import numpy as np
 import optax
 
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin import algorithms, sim_compute, sim_engine, sim_processes
-from optax_lena._src.aladdin import simulator as sim_module
+from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.sim import compute as sim_compute
+from optax_lena._src.aladdin.sim import engine as sim_engine
+from optax_lena._src.aladdin.sim import processes as sim_processes
+from optax_lena._src.aladdin.sim import simulator as sim_module
 from optax_lena.aladdin import simulator as sim
 from tests.aladdin import simulator_cases as cases
 
 
-# 1. The pure pieces: a spec (its options, validated).
+# 1. The pure pieces: a spec (its options, validated) and its worker program.
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalOnly(al.Spec):
   """Every worker trains alone; the evaluated model is the average of the local models."""
@@ -29,26 +33,21 @@ class LocalOnly(al.Spec):
     if not 0 < self.shrink <= 1:
       raise ValueError("shrink must be in (0, 1].")
 
+  def program(self, loss_fn, num_workers):
+    step = al.local_step(loss_fn, self.worker_tx, message="gradient")
 
-class LocalOnlyTraining(sim_compute.AladdinTraining):
-  def build(self):
-    self.step_fn = jax.jit(
-      al.local_step(self.problem.loss_fn, self.worker_tx(), message="gradient")
-    )
+    def init(params):
+      return al.LocalState(params, self.worker_tx.init(params))
 
-  def reset(self, workers):
-    opt_state = self.worker_tx().init(self.problem.params)
-    for w in workers:
-      w.model.params, w.model.opt_state = self.problem.params, opt_state
+    def step_fn(state, batch):
+      params, opt_state, message, loss = step(*state, batch)
+      return al.LocalState(params, opt_state), message, loss
 
-  def eval_params(self):
-    return self.mean_models(self.local_models())
+    return al.WorkerProgram(init, step_fn, lambda state, reply: state, lambda state: state.params)
 
 
 # 2. One simulator process.
 class LocalOnlyProcess(sim_engine.Process):
-  training = LocalOnlyTraining
-
   def computed(self, w):
     self.engine.log("compute", w.index)
     w.iterations += 1

@@ -10,9 +10,9 @@ import optax
 import pytest
 
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin import cluster as cl
-from optax_lena._src.aladdin import sim_compute
-from optax_lena._src.aladdin import simulator as sim
+from optax_lena._src.aladdin.sim import cluster as cl
+from optax_lena._src.aladdin.sim import compute as sim_compute
+from optax_lena._src.aladdin.sim import simulator as sim
 from tests.aladdin import simulator_cases as cases
 
 # A toy cluster for hand calculations: 1 s per iteration, 0.1 s of wire per message, no latency,

@@ -13,60 +13,7 @@ import numpy as np
 
 from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import Config
-
-
-def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Any:
-  """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
-  the algorithm's server applied to ``k`` messages of one worker in order, with the values of
-  ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``, so
-  that a NaN in another shard's slice makes every shard reject the message and their counters
-  stay equal. ALADDIN's server applies it as it is: the worker computed it inside the compiled
-  step that made the message, on the exact values it sends (``recheck``: the shard checks its
-  slices too, so that a message sent with a wrong verdict by other code is still rejected). The
-  other servers get a rejected message as NaN, and check every message themselves.
-
-  ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
-  (x~ just after each trigger). A worker triggers at most once every ``period`` of its messages
-  (c_i restarts from 0), so ``ceil(k / period)`` slots hold every reply of the call. ALADDIN's
-  server takes the whole fold at once (``serve_many``: one pass over the messages per period);
-  the other servers, one message at a time."""
-  import jax
-  import jax.numpy as jnp
-
-  from optax_lena._src.aladdin.server import ParameterServer, all_finite, run_once_if
-
-  if isinstance(server, ParameterServer):
-
-    def serve_many(state, messages, finite, worker):
-      if recheck:
-        finite = finite & jnp.stack([all_finite(m) for m in messages])
-      return server.serve_many(state, messages, worker, finite)
-
-    return serve_many
-
-  def receive(state, messages, finite, worker):
-    k = messages.shape[0]
-    slots = -(-k // period)
-    n = jnp.zeros([], jnp.int32)
-    alphas = jnp.zeros([slots], jnp.float32)
-    params = None
-    for row in range(k):
-      message = jnp.where(finite[row], messages[row], jnp.asarray(jnp.nan, messages.dtype))
-      state, reply = server.receive(state, message, worker)
-      if params is None:
-        params = jnp.zeros((slots, *reply.params.shape), reply.params.dtype)
-      slot = jnp.minimum(n, slots - 1)
-      # Written only when the message triggered: no pass over the slots for the others.
-      (params,) = run_once_if(
-        reply.ready,
-        lambda p, x=reply.params, i=slot: (jax.lax.dynamic_update_index_in_dim(p, x, i, 0),),
-        (params,),
-      )
-      alphas = alphas.at[slot].set(jnp.where(reply.ready, reply.alpha, alphas[slot]))
-      n = n + reply.ready.astype(jnp.int32)
-    return state, n, alphas, params
-
-  return receive
+from optax_lena._src.aladdin.server import folded_receive
 
 
 def _own(tree: Any) -> Any:

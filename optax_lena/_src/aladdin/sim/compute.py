@@ -214,9 +214,7 @@ class Training(Compute):
     batches = [self.next_batch(w) for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
-    state, loss, messages, total = self.timer(
-      self.cluster_step_fn, workers[0].model.state, xs, ys
-    )
+    state, loss, messages, total = self.timer(self.cluster_step_fn, workers[0].model.state, xs, ys)
     for w in workers:
       w.model.state = state
     self.losses.append(loss)
