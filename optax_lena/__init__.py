@@ -1,10 +1,14 @@
-"""optax_lena: layer-wise adaptive learning-rate scaling (LENA) for large-batch training.
+"""optax_lena: LENA (layer-wise adaptive learning-rate scaling for large-batch training) and
+ALADDIN (asymmetric centralized training on a parameter server).
 
 Composable Optax transformations for data-parallel training at large batch sizes: LENA's
 layer-wise gain ratios and state-aware warm-up (Ko, Lee and Kim, WWW 2022), AdaScale and linear
 scaling with warm-up, for momentum SGD and (on the square-root rule) AdamW, with the per-worker
 gradient statistics they need computed inside ``pmap``, ``shard_map``, ``jit``/GSPMD and
-gradient accumulation, and batch-size advice from the gradient noise scale.
+gradient accumulation, and batch-size advice from the gradient noise scale. ALADDIN (Ko et al.,
+CIKM 2021) and its baselines are in ``optax_lena.aladdin``: pure, jittable servers and worker
+programs, a deterministic cluster simulator (``.simulator``) and a Ray runtime
+(``.distributed``).
 """
 
 from optax_lena._src.adamw import (

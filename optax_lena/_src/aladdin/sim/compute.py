@@ -106,7 +106,7 @@ class Batches:
 
 
 @dataclasses.dataclass(eq=False)
-class Local:
+class SimLocal:
   """A worker's training state (``SimWorker.model``): its batches and its program's state."""
 
   batches: Batches
@@ -195,7 +195,7 @@ class Training(Compute):
     # One generator per worker, derived from (seed, worker): a worker's batches do not depend
     # on the other workers' speeds.
     for w in workers:
-      w.model = Local(Batches(self.problem, batch_size, np.random.default_rng([seed, w.index])))
+      w.model = SimLocal(Batches(self.problem, batch_size, np.random.default_rng([seed, w.index])))
       w.model.state = state
     self.workers = workers
     if self.server is not None:

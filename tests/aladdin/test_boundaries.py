@@ -1,0 +1,69 @@
+"""The package's boundaries: code outside ``optax_lena/`` and ``tests/`` imports only public
+names, every ALADDIN class name is unique, and each engine lives in its own folder."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import pathlib
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ALADDIN = [ROOT / "optax_lena" / "_src" / "aladdin", ROOT / "optax_lena" / "aladdin"]
+
+
+def python_files() -> list[pathlib.Path]:
+  """The repository's tracked Python files (what a checkout holds)."""
+  out = subprocess.run(
+    ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+  ).stdout.split()
+  return [ROOT / p for p in out]
+
+
+def imported_modules(path: pathlib.Path) -> list[str]:
+  names = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      names += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+  return names
+
+
+def test_no_private_import_outside_the_package_and_its_tests() -> None:
+  files = python_files()
+  outside = [p for p in files if p.relative_to(ROOT).parts[0] not in ("optax_lena", "tests")]
+  assert any(p.parts[-3:-1] == ("benchmarks", "aladdin") for p in outside)  # the scan sees them
+  private = {
+    str(p.relative_to(ROOT)): m
+    for p in outside
+    for m in imported_modules(p)
+    if m == "optax_lena._src" or m.startswith("optax_lena._src.")
+  }
+  assert not private, f"import public names instead (optax_lena.aladdin, ...): {private}"
+
+
+def test_every_aladdin_class_name_is_unique() -> None:
+  where = collections.defaultdict(list)
+  for folder in ALADDIN:
+    for path in sorted(folder.rglob("*.py")):
+      for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+          where[node.name].append(str(path.relative_to(ROOT)))
+  assert len(where) > 40  # the scan sees the classes
+  twice = {name: paths for name, paths in where.items() if len(paths) > 1}
+  assert not twice, f"class names defined more than once: {twice}"
+
+
+def test_each_engine_has_its_own_folder() -> None:
+  src = ALADDIN[0]
+  loose = sorted(p.name for p in src.glob("*.py"))
+  assert loose == [
+    "__init__.py",
+    "algorithms.py",
+    "baselines.py",
+    "checks.py",
+    "server.py",
+    "worker.py",
+  ], loose
+  assert (src / "sim" / "simulator.py").is_file() and (src / "ray" / "driver.py").is_file()
