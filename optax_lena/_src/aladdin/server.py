@@ -23,8 +23,7 @@ _MODE = "while"
 
 _GRADS_FIX = (
   "Send the gradient of the same parameter pytree the server was initialised with (one leaf per "
-  "parameter, same shapes and dtypes); with sharded servers send each server its own shard "
-  "(spec.split(grads))."
+  "parameter, same shapes and dtypes)."
 )
 
 
@@ -234,20 +233,6 @@ def parameter_server(
     Ko et al., ALADDIN, CIKM 2021: Algorithm 2 (server), Algorithm 1 (worker), Eq. 3 (merge),
     Section 3.2 (alpha = 1 - 1/sqrt(n pi)), Lemma 1.
   """
-  return build_server(num_workers, server_tx, period=period, normalise=normalise, alpha=alpha)[0]
-
-
-def build_server(
-  num_workers: int,
-  server_tx: optax.GradientTransformation,
-  *,
-  period: int,
-  normalise: str,
-  alpha: str | float,
-) -> tuple[ParameterServer, Callable[..., tuple[ServerState, Reply]]]:
-  """:func:`parameter_server` and its ``receive`` with a caller-decided acceptance flag (the
-  sharded server decides finiteness once for the whole gradient, so that every shard accepts or
-  rejects the same messages and their counters stay equal)."""
   num_workers = checks.check_num_workers(num_workers)
   period = checks.check_period(period)
   normalise = checks.check_normalise(normalise)
@@ -456,10 +441,9 @@ def build_server(
     )
     return new_state, n, alphas, replies
 
-  server = ParameterServer(
+  return ParameterServer(
     init_fn, receive_fn, num_workers, period, normalise, alpha, serve_fn, serve_many_fn
   )
-  return server, receive_accepting
 
 
 def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Callable[..., Any]:

@@ -43,8 +43,7 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
     raise ValueError(
       f"The tree structure of global_params does not match params: "
       f"{jax.tree.structure(global_params)} vs {jax.tree.structure(params)}. Pass the reply's "
-      "params (or, with sharded servers, merge each shard: spec.merge([al.worker_merge(p, "
-      "r.params, r.alpha) for p, r in zip(spec.split(params), replies)]))."
+      "params (the server's model, initialised with these parameters)."
     )
 
   per_leaf: Any = jax.tree.structure(alpha) == structure

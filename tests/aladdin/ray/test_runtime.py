@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import math
 import os
 import shutil
 import signal
@@ -385,3 +386,25 @@ def test_misuse_is_refused_where_it_is_made() -> None:
     ad.Config(algorithm=helpers.spec("aladdin"), shared_memory="no")  # type: ignore[arg-type]
   with pytest.raises(ValueError, match="ps_shards=100"):
     ad.Runtime(helpers.make_task(), ad.Config(algorithm=helpers.spec("aladdin"), ps_shards=100))
+  aladdin = helpers.spec("aladdin")
+  for name in ("num_workers", "ps_shards", "checkpoint_every", "max_inflight", "fold"):
+    with pytest.raises(ValueError, match=rf"{name} must be an int \(e\.g\. 2, not 2\.0\) > 0"):
+      ad.Config(algorithm=aladdin, **{name: 2.0})
+  for name, value in (("intra_op_threads", 1.0), ("worker_nice", 1.5), ("seed", 0.0)):
+    with pytest.raises(ValueError, match=rf"{name} must be"):
+      ad.Config(algorithm=aladdin, **{name: value})
+  with pytest.raises(ValueError, match=r"checkpoint_dir must be None .* a non-empty path"):
+    ad.Config(algorithm=aladdin, checkpoint_dir="")
+  for factor in (math.inf, math.nan, 0.5, True, "2"):
+    with pytest.raises(ValueError, match=r"the factor a finite number >= 1 \(e\.g\. 2\.0"):
+      ad.Config(algorithm=aladdin, slowdown={0: factor})
+  # A relative checkpoint directory is resolved once, on the driver: the actors get its path.
+  config = ad.Config(algorithm=aladdin, checkpoint_dir="ckpt", slowdown={1: 2})
+  assert config.checkpoint_dir == os.path.join(os.getcwd(), "ckpt")
+  assert (
+    ray.cloudpickle.loads(ray.cloudpickle.dumps(config)).checkpoint_dir == config.checkpoint_dir
+  )
+  # The transport plan is computed there too, from the spec (period 2 in helpers.spec).
+  assert config.plan == ad.Plan(period=2, max_fold=16, block=8) and config.plan.reply_slots == 8
+  assert config.plan.block_sizes() == [1, 2, 4, 6, 8]
+  assert ad.Config(algorithm=helpers.spec("sgp")).plan == ad.Plan(period=1, max_fold=1, block=1)
