@@ -34,6 +34,7 @@ STEPS_AHEAD = 2
 
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
+  """``fn(*args)`` waited for, and its seconds."""
   import jax
 
   t0 = time.perf_counter()
@@ -85,12 +86,8 @@ def _stats(compute: float, sleep: float, wait: float) -> Stats:
 
 
 class Iteration:
-  """What every algorithm's iteration has (subclass per algorithm).
+  """What every algorithm's iteration has (subclass per algorithm)."""
 
-  Class attributes: ``folds`` (a call may carry several periods of messages: ALADDIN).
-  """
-
-  folds = False
   plain: Any  # the jitted local step without a merge: ``plain(state, batch)``
 
   def __init__(self, local: Local, spec: Any):
@@ -268,8 +265,6 @@ class AladdinIteration(Served):
   iterations, and where the step's time must be known before the next one starts (an emulated
   straggler sleeps in proportion to it).
   """
-
-  folds = True
 
   @staticmethod
   def plan(spec: Any) -> Any:
@@ -457,7 +452,6 @@ class SgpIteration(Iteration):
       return program.apply(state, (layout.unravel(message), message_weight))
 
     self.plain, self.mix = jax.jit(step), jax.jit(mix)
-    self.params = jax.jit(program.params)
 
   @staticmethod
   def start_peers(driver: Any, ray: Any) -> None:
@@ -475,7 +469,6 @@ class SgpIteration(Iteration):
   def warm_up(self, batch: Any) -> None:
     (state, flat, _), _ = timed(self.plain, self.local.state, batch)
     timed(self.mix, state, flat, state.weight)
-    timed(self.params, state)
 
   def _receive(self, deadline: float | None) -> tuple[bool, float]:
     """Mixes the awaited message; False if the deadline came first."""
@@ -510,9 +503,6 @@ class SgpIteration(Iteration):
       _, more = self._receive(deadline)
       wait += more
     return _stats(compute, sleep, wait)
-
-  def local_params(self) -> Any:
-    return self.params(self.local.state)
 
 
 for _name, _iteration in (

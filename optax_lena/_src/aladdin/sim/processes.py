@@ -155,18 +155,31 @@ class SymmetricWorker(SimWorker):
   pending: int = 0  # shards whose answer has not arrived yet
 
 
-class SymmetricExchange(Process):
-  """A worker sends to every shard, waits for all the answers, merges the last (ASP: x~; EASGD:
-  the elastic local model, both with weight 1) and starts its next iteration."""
+@simulates("asp")
+class AspProcess(Process):
+  """Send the gradient to every shard, wait for all the answers (x~), adopt the last (weight 1)
+  and start the next iteration. (EASGD: the same every ``tau`` local steps, with the model.)"""
 
   worker_type = SymmetricWorker
 
-  def send_to_shards(self, w: SymmetricWorker, message: Any) -> None:
+  def every(self) -> int:
+    return 1
+
+  def computed(self, w: SymmetricWorker) -> None:
+    e = self.engine
+    e.log("compute", w.index)
+    w.iterations += 1
+    message = self.compute.step(w)
+    w.idle_since = e.now
+    self.count_samples(self.batch_size)
+    if w.iterations % self.every():
+      self.begin(w)
+      return
     w.messages += 1
     w.pending = self.cluster.num_shards
     src = self.cluster.worker_nic(w.index)
     for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
-      self.engine.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
+      e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
 
   def ps_arrive(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
     self.engine.ps_process(s, nbytes, True, self.ps_done, s, w, nbytes, message)
@@ -185,35 +198,12 @@ class SymmetricExchange(Process):
       self.begin(w)
 
 
-@simulates("asp")
-class AspProcess(SymmetricExchange):
-  """Send the gradient, wait for the PS to apply it and send x~ back, adopt it."""
-
-  def computed(self, w: SymmetricWorker) -> None:
-    e = self.engine
-    e.log("compute", w.index)
-    w.iterations += 1
-    grads = self.compute.step(w)
-    w.idle_since = e.now
-    self.send_to_shards(w, grads)
-    self.count_samples(self.batch_size)
-
-
 @simulates("easgd")
-class EasgdProcess(SymmetricExchange):
+class EasgdProcess(AspProcess):
   """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
 
-  def computed(self, w: SymmetricWorker) -> None:
-    e = self.engine
-    e.log("compute", w.index)
-    w.iterations += 1
-    model = self.compute.step(w)
-    w.idle_since = e.now
-    self.count_samples(self.batch_size)
-    if w.iterations % self.spec.tau:
-      self.begin(w)
-      return
-    self.send_to_shards(w, model)
+  def every(self) -> int:
+    return int(self.spec.tau)
 
 
 @dataclasses.dataclass(eq=False)
