@@ -30,7 +30,7 @@ from optax_lena._src.aladdin.sim.compute import Timer, Training
 from optax_lena._src.aladdin.sim.engine import SimWorker
 from tests.aladdin import simulator_cases as cases
 
-N, ROUNDS, BATCH = 3, 6, 8
+N, ROUNDS, BATCH = 3, 4, 8
 LOCAL = optax.sgd(0.1, momentum=0.9)
 SPECS = {
   "aladdin": dict(worker_tx=LOCAL, period=2),
@@ -71,7 +71,8 @@ class Outbox:
   def __init__(self, spec: Any, layout: FlatLayout, params: Any, worker: int, shared: dict):
     if "state" not in shared:
       server = spec.server(N)
-      shared["receive"] = jax.jit(folded_receive(server, getattr(spec, "period", 1)))
+      period = algorithms.entry(spec.name).engine("ray").plan(spec).period
+      shared["receive"] = jax.jit(folded_receive(server, period))
       shared["state"] = server.init(jnp.asarray(layout.to_vector(params)))
     self.shared, self.worker, self.sent, self.replies = shared, worker, [], []
 

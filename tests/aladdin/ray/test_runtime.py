@@ -89,7 +89,7 @@ def test_local_cluster_binds_loopback_only_and_has_no_dashboard(
   with ad.Runtime(helpers.make_task(), _config()) as runtime:
     runtime.run(1.0, progress=False)
     # gcs_server, raylet, agents (temp dir in their command line), the actors (retitled
-    # ray::Worker / ray::ServerShard) and this driver: every process that serves the session.
+    # ray::WorkerActor / ray::ServerShard) and this driver: every process that serves the session.
     processes = [*helpers.processes_since(*cluster), psutil.Process()]
     actors = [p for p in processes if p.cmdline()[0].startswith("ray::")]
     addresses = helpers.listening_addresses(processes)
