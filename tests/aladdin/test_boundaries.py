@@ -33,7 +33,7 @@ def imported_modules(path: pathlib.Path) -> list[str]:
 def test_no_private_import_outside_the_package_and_its_tests() -> None:
   files = python_files()
   outside = [p for p in files if p.relative_to(ROOT).parts[0] not in ("optax_lena", "tests")]
-  assert any(p.parts[-3:-1] == ("benchmarks", "aladdin") for p in outside)  # the scan sees them
+  assert any({"benchmarks", "aladdin"} <= set(p.parts) for p in outside)  # the scan sees them
   private = {
     str(p.relative_to(ROOT)): m
     for p in outside
