@@ -41,6 +41,7 @@ except ImportError as err:  # name the extra instead of a bare "No module named 
   ) from err
 
 from optax_lena._src import stats as stats_lib
+from optax_lena._src import tree_utils
 
 PyTree = Any
 __all__ = ["TrainState", "linen_grad_stats", "nnx_grad_stats"]
@@ -126,7 +127,7 @@ def _worker_keys(key: jax.Array, num_workers: int, worker_batches: PyTree) -> ja
   the keys take the sharding of the batches' worker axis.
   """
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_workers))
-  spec = stats_lib.explicit_spec(jax.tree.leaves(worker_batches)[0])
+  spec = tree_utils.explicit_spec(jax.tree.leaves(worker_batches)[0])
   if spec is not None and spec[0] is not None:
     keys = jax.sharding.reshard(keys, jax.sharding.PartitionSpec(spec[0]))
   return keys
@@ -135,7 +136,7 @@ def _worker_keys(key: jax.Array, num_workers: int, worker_batches: PyTree) -> ja
 def _mean_over_workers(x: jax.Array) -> jax.Array:
   """Floating state (batch statistics) is averaged over workers, as data-parallel training
   does with ``pmean``; integer state (e.g. RNG counters, equal on every worker) is worker 0's."""
-  spec = stats_lib.explicit_spec(x)
+  spec = tree_utils.explicit_spec(x)
   if spec is not None and spec[0] is not None:
     # Under an explicit-axis mesh worker 0's slice of a worker axis sharded across devices has
     # no sharding type: gather that axis first (batch statistics are small).

@@ -331,7 +331,7 @@ def accumulate_grad_stats(
     return (grad_sum, sq_sum, value_sum), None
 
   acc_dtype = lambda x: jnp.promote_types(jnp.result_type(x), jnp.float32)
-  zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x), out_sharding=explicit_spec(x))
+  zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x), out_sharding=tree_utils.explicit_spec(x))
   value_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), *args)[
     0
   ]
@@ -357,26 +357,11 @@ def accumulate_grad_stats(
   return value, mean_grads, stats
 
 
-def explicit_spec(x: Any) -> jax.sharding.PartitionSpec | None:
-  """The sharding of ``x`` in its type under an explicit-axis mesh, else None (no constraint).
-
-  Arrays under an ``AxisType.Explicit`` mesh (``jax.set_mesh``) carry their sharding in their
-  type; a new array built to be combined with them (a ``lax.scan`` carry) must carry the same.
-  """
-  aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
-  sharding = getattr(aval, "sharding", None)
-  mesh = getattr(sharding, "mesh", None)
-  if mesh is None or not getattr(mesh, "explicit_axes", ()):
-    return None
-  spec = sharding.spec
-  return spec if any(p is not None for p in spec) else None
-
-
 def _cast_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
   axes = tuple(sorted(varying_axes(like) - varying_axes(x), key=str))
   if axes:
     x = jax.lax.pcast(x, axes, to="varying")
-  spec = explicit_spec(like)
-  if spec is not None and explicit_spec(x) != spec:
+  spec = tree_utils.explicit_spec(like)
+  if spec is not None and tree_utils.explicit_spec(x) != spec:
     x = jax.sharding.reshard(x, spec)
   return x
