@@ -5,7 +5,7 @@ of ``per_worker_batch`` examples) stops at a few checkpoints (early, middle, lat
 short runs branch at several S (the state carried over: parameters, momentum and the rule's
 moving averages; the rule's own rate at each S), and each measures the updates needed to lower
 the training loss (on a fixed subset) by a fixed fraction, interpolated between evaluations and
-averaged over seeds. Then:
+the median over seeds. Then:
 
 * McCandlish et al. (2018): ``(S / S_min - 1)(E / E_min - 1) = 1`` with E = S B the
   examples (here per-worker batches), i.e. ``updates(B) = S_min + E_min / B``: a least-squares
@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -50,12 +50,12 @@ class Setup:
   per_worker_batch: int = 16
   features: int = 32
   num_samples_main: int = 4  # S of the main run
-  checkpoints: tuple[int, ...] = (40, 300, 1200)  # updates of the main run
+  checkpoints: tuple[int, ...] = (20, 100, 400, 1500)  # updates of the main run
   scales: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # S of the branches
-  seeds: tuple[int, ...] = (0, 1)
+  seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
   decrease: float = 0.1  # target: the checkpoint's loss times (1 - decrease)
   max_updates: int = 600  # per branch; not reached: left out of the fit
-  eval_examples: int = 2048  # the fixed training subset whose loss is measured
+  eval_examples: int = 4096  # the fixed training subset whose loss is measured
   fresh_workers: int = 256  # per-worker gradients of the fresh B_simple
   mnist1d_samples: int = 10_000
   cache_dir: str = "data_cache"
@@ -165,7 +165,8 @@ class Trainer:
     model, tx = self.model, self.tx
 
     def loss(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
-      return losses.cross_entropy(model.apply({"params": params}, x), y)
+      logits = cast(jax.Array, model.apply({"params": params}, x))
+      return losses.cross_entropy(logits, y)
 
     def step(params: PyTree, opt_state: PyTree, xb: jax.Array, yb: jax.Array) -> Any:
       grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xb, yb)
@@ -176,9 +177,9 @@ class Trainer:
     def fresh_noise_scale(params: PyTree, xb: jax.Array, yb: jax.Array) -> jax.Array:
       grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xb, yb)
       _, stats = ol.stacked_grad_stats(grads)
-      top = sum(jnp.sum(v) for v in jax.tree.leaves(stats.sq_norm_mean))
-      bot = sum(jnp.sum(v) for v in jax.tree.leaves(stats.mean_grad_sq_norm))
-      return ol.noise_scale(top, bot, xb.shape[0])
+      top = jnp.sum(jnp.stack(jax.tree.leaves(stats.sq_norm_mean)))
+      bot = jnp.sum(jnp.stack(jax.tree.leaves(stats.mean_grad_sq_norm)))
+      return ol.noise_scale(top, bot, jnp.asarray(xb.shape[0]))
 
     self.step = jax.jit(step)  # retraced (compiled) once per S, the shape of xb
     self.eval_loss = jax.jit(functools.partial(loss, x=self.eval_x, y=self.eval_y))
@@ -198,14 +199,12 @@ class Trainer:
     """Updates at S to reach ``target`` from ``state`` (interpolated; NaN if not reached)."""
     rng = np.random.default_rng([seed, s, 7])
     params, opt_state = state
-    every = max(1, 8 // s)  # evaluations cost a forward pass of the subset: fewer at small S
     evals = []
     for u in range(1, self.setup.max_updates + 1):
       params, opt_state = self.step(params, opt_state, *self.batch(rng, s))
-      if u % every == 0:
-        evals.append((u, self.loss_of(params)))
-        if evals[-1][1] <= target:
-          break
+      evals.append((u, self.loss_of(params)))
+      if evals[-1][1] <= target:
+        break
     return crossing(evals, target)
 
 
@@ -229,7 +228,8 @@ def measure(setup: Setup) -> dict[str, Any]:
       [trainer.branch(state, s, target, seed) for s in setup.scales] for seed in setup.seeds
     ]
     columns = zip(*per_seed, strict=True)
-    updates = [float(np.mean(c)) if all(np.isfinite(c)) else math.nan for c in columns]
+    # The median over seeds: one lucky dip of a small batch's noisy loss does not move it.
+    updates = [float(np.median(c)) if all(np.isfinite(c)) else math.nan for c in columns]
     fit = fit_mccandlish(setup.scales, updates)
     rows.append(
       {
