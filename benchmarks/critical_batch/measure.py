@@ -282,7 +282,7 @@ def table(result: dict[str, Any]) -> str:
     "B_crit (Zhang 20%)",
     "estimate (state)",
     "B_simple fresh",
-    "state within 2x of fit",
+    "state within 2x: fit / Zhang",
   ]
   rows = [
     [
@@ -295,7 +295,7 @@ def table(result: dict[str, Any]) -> str:
       _fmt(r["zhang"]),
       _fmt(r["estimate"]),
       _fmt(r["estimate_fresh"]),
-      within_2x(r["estimate"], r["b_crit"]),
+      f"{within_2x(r['estimate'], r['b_crit'])} / {within_2x(r['estimate'], r['zhang'])}",
     ]
     for r in result["rows"]
   ]
