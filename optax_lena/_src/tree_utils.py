@@ -75,7 +75,7 @@ def explicit_spec(x: Any) -> jax.sharding.PartitionSpec | None:
   aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
   sharding = getattr(aval, "sharding", None)
   mesh = getattr(sharding, "mesh", None)
-  if mesh is None or not getattr(mesh, "explicit_axes", ()):
+  if sharding is None or mesh is None or not getattr(mesh, "explicit_axes", ()):
     return None
   spec = sharding.spec
   return spec if any(p is not None for p in spec) else None
