@@ -114,6 +114,7 @@ def decayed_weights(
 ) -> optax.GradientTransformation:
   """``optax.add_decayed_weights(weight_decay, mask)`` whose mask is checked against the
   parameters at ``init`` (optax would fail later, inside the update, without naming the fix)."""
+  checks.check_weight_decay(weight_decay)
   base = optax.add_decayed_weights(weight_decay, mask)
   if mask is None:
     return base
@@ -141,6 +142,7 @@ def _momentum(decay: float, nesterov: bool) -> optax.GradientTransformation:
   ``nonfinite.keep_state_on_skipped_step``); on a skipped step the buffer is unchanged, as before,
   and the updates are zeroed by the wrapper.
   """
+  checks.check_decay_rate(decay, "momentum", "0.9 (None or 0 for none)")
   base = optax.trace(decay=decay)
 
   def update_fn(updates, state, params=None):

@@ -74,7 +74,7 @@ def check_warmup_threshold(warmup_threshold: Any) -> None:
     "warm-up pass warmup_threshold=None to ol.lena / ol.adascale, not to layerwise_warmup)",
   )
   value = concrete_value(warmup_threshold)
-  if value is not None and not value > 0:
+  if value is not None and not (np.isfinite(value) and value > 0):
     raise ValueError(
       f"warmup_threshold must be positive, got {value}. It is theta = alpha * T1 in "
       "single-worker iterations (e.g. 0.05 * iterations of the single-worker run); pass "
@@ -107,6 +107,22 @@ def check_beta(beta: Any) -> None:
     raise ValueError(
       f"beta (the moving-average weight of new statistics) must be in (0, 1], got {value}; "
       "pass beta=None for the default min(S / 1000, 1)."
+    )
+
+
+def check_decay_rate(value: Any, name: str, example: str) -> None:
+  """A momentum or Adam moment decay: a number in [0, 1) (checked when concrete)."""
+  v = concrete_value(value)
+  if v is not None and not 0 <= v < 1:
+    raise ValueError(f"{name} must be in [0, 1), got {v}; e.g. {example}.")
+
+
+def check_weight_decay(weight_decay: Any) -> None:
+  """Weight decay: a finite number >= 0 (checked when concrete)."""
+  v = concrete_value(weight_decay)
+  if v is not None and not (np.isfinite(v) and v >= 0):
+    raise ValueError(
+      f"weight_decay must be a finite number >= 0, got {v}; e.g. 5e-4 for momentum SGD, 0 for none."
     )
 
 
