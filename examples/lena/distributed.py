@@ -224,7 +224,7 @@ def initialize(options: DistributedOptions) -> bool:
   try:
     jax.distributed.initialize(
       coordinator_address=options.coordinator_address or None,
-      **({"coordinator_bind_address": bind} if bind else {}),
+      coordinator_bind_address=bind,  # None: JAX's default, every interface
       num_processes=options.num_processes if options.num_processes > 0 else None,
       process_id=options.process_id if options.process_id >= 0 else None,
       initialization_timeout=options.initialization_timeout + _JAX_GRACE_S,
