@@ -90,9 +90,15 @@ def aladdin_recipe() -> list[Claim]:
   ]
   # The selection among candidates (seeds 0-2, on the test accuracy that is then reported).
   for other in (
-    "update_p4_count", "update_p4_npi", "update_p4_a0.3", "update_p4_a0.65", "update_p2_a0.5",
-    "update_p6_a0.5", "update_p8_a0.5", "printed",
-  ):  # fmt: skip
+    "update_p4_count",
+    "update_p4_npi",
+    "update_p4_a0.3",
+    "update_p4_a0.65",
+    "update_p2_a0.5",
+    "update_p6_a0.5",
+    "update_p8_a0.5",
+    "printed",
+  ):
     claims.append(_claim("recipe", other, "HO, seeds 0-2", ho, acc[(other, "HO")], seeds=range(3)))
   claims.append(
     _claim("recipe", "update_p2_a0.5", "HE1, seeds 0-2", he1, acc[("update_p2_a0.5", "HE1")])
@@ -142,10 +148,13 @@ def aladdin_equal_tuning() -> list[Claim]:
     if epochs == 15:
       claims.append(
         _claim(
-          "ALADDIN (lr 0.1)", "AR-SGD (lr 0.2)", "each's best of the sweep, 15 epochs, HO",
-          cell("equal", "aladdin", "HO", 15, 0.1), cell("sweep", "ar_sgd", "HO", 15, 0.2),
+          "ALADDIN (lr 0.1)",
+          "AR-SGD (lr 0.2)",
+          "each's best of the sweep, 15 epochs, HO",
+          cell("equal", "aladdin", "HO", 15, 0.1),
+          cell("sweep", "ar_sgd", "HO", 15, 0.2),
         )
-      )  # fmt: skip
+      )
   claims.append(
     Claim(
       "ALADDIN - AR-SGD, time to 0.8, lr 0.1, 15 epochs, HO",
@@ -159,17 +168,23 @@ def aladdin_equal_tuning() -> list[Claim]:
     for cluster in ("HO", "HE1", "HE2"):
       claims.append(
         _claim(
-          "ALADDIN", "AR-SGD", f"paper's recipe, {epochs} epochs, {cluster}",
-          cell("paper", "aladdin", cluster, epochs, 0.08), cell("paper", "ar_sgd", cluster, epochs, 0.08),
+          "ALADDIN",
+          "AR-SGD",
+          f"paper's recipe, {epochs} epochs, {cluster}",
+          cell("paper", "aladdin", cluster, epochs, 0.08),
+          cell("paper", "ar_sgd", cluster, epochs, 0.08),
         )
-      )  # fmt: skip
+      )
   for alg in ("aladdin", "ar_sgd"):
     claims.append(
       _claim(
-        f"{NAMES[alg]} paper's recipe", f"{NAMES[alg]} lr 0.1", "15 epochs, HO",
-        cell("paper", alg, "HO", 15, 0.08), cell("equal", alg, "HO", 15, 0.1),
+        f"{NAMES[alg]} paper's recipe",
+        f"{NAMES[alg]} lr 0.1",
+        "15 epochs, HO",
+        cell("paper", alg, "HO", 15, 0.08),
+        cell("equal", alg, "HO", 15, 0.1),
       )
-    )  # fmt: skip
+    )
   full = cell("ablation", "full", "HE1", 15, 0.1)
   claims.append(_claim("L2", "full", "ablation, HE1", cell("ablation", "L2", "HE1", 15, 0.1), full))
   return claims
@@ -182,10 +197,12 @@ def aladdin_equal_tuning() -> list[Claim]:
 
 def aladdin_first_study() -> list[Claim]:
   runs = _json(ROOT / "aladdin" / "results" / "runs.json")
-  final = _by_seed({
-    name.replace(f"_seed{r['spec']['seed']}", "") + f"_seed{r['spec']['seed']}": r["evals"][-1]["test_accuracy"]
-    for name, r in runs.items()
-  })  # fmt: skip
+  final: dict[str, dict[int, float]] = {}
+  for name, r in runs.items():  # names hold "_seed<k>" in the middle: "aladdin_HO_seed0_p4_..."
+    seed = r["spec"]["seed"]
+    final.setdefault(name.replace(f"_seed{seed}", "", 1), {})[seed] = r["evals"][-1][
+      "test_accuracy"
+    ]
 
   def key(alg: str, cluster: str, rest: str = "") -> Values:
     return final[f"{alg}_{cluster}{rest}"]
@@ -205,22 +222,52 @@ def aladdin_first_study() -> list[Claim]:
     if name.startswith("aladdin_HO_seed") and name.endswith(default)
   }
   claims.append(
-    _claim("average of local models", "global model", "ALADDIN, HO", local, key("aladdin", "HO", default))
-  )  # fmt: skip
+    _claim(
+      "average of local models", "global model", "ALADDIN, HO", local, key("aladdin", "HO", default)
+    )
+  )
   he1 = key("aladdin", "HE1", default)
   claims += [
-    _claim("full", "L2", "HE1", he1, key("aladdin", "HE1", "_p1_mean_of_locals_momentum_a0.8232_r4")),
-    _claim("full", "L1", "HE1", he1, key("aladdin", "HE1", "_p4_mean_of_locals_momentum_a0.0")),
-    _claim("period 4", "period 2", "alpha count, HE1", he1, key("aladdin", "HE1", "_p2_mean_of_locals_momentum_acount")),
-    _claim("alpha 0.5", "alpha count", "lr 0.1, HE1", key("aladdin", "HE1", "_p4_mean_of_locals_momentum_a0.5"), he1),
     _claim(
-      "alpha 0.5", "alpha count", "lr 0.05, HE1",
+      "full", "L2", "HE1", he1, key("aladdin", "HE1", "_p1_mean_of_locals_momentum_a0.8232_r4")
+    ),
+    _claim("full", "L1", "HE1", he1, key("aladdin", "HE1", "_p4_mean_of_locals_momentum_a0.0")),
+    _claim(
+      "period 4",
+      "period 2",
+      "alpha count, HE1",
+      he1,
+      key("aladdin", "HE1", "_p2_mean_of_locals_momentum_acount"),
+    ),
+    _claim(
+      "alpha 0.5",
+      "alpha count",
+      "lr 0.1, HE1",
+      key("aladdin", "HE1", "_p4_mean_of_locals_momentum_a0.5"),
+      he1,
+    ),
+    _claim(
+      "alpha 0.5",
+      "alpha count",
+      "lr 0.05, HE1",
       key("aladdin", "HE1", "_lr0.05_p4_mean_of_locals_momentum_a0.5"),
       key("aladdin", "HE1", "_lr0.05_p4_mean_of_locals_momentum_acount"),
     ),
-    _claim("alpha count", "alpha n_pi", "lr 0.1, HE1", he1, key("aladdin", "HE1", "_p4_mean_of_locals_momentum_an_pi")),
-    _claim("momentum server", "plain SGD server", "alpha count, HE1", he1, key("aladdin", "HE1", "_p4_mean_of_locals_sgd_acount")),
-  ]  # fmt: skip
+    _claim(
+      "alpha count",
+      "alpha n_pi",
+      "lr 0.1, HE1",
+      he1,
+      key("aladdin", "HE1", "_p4_mean_of_locals_momentum_an_pi"),
+    ),
+    _claim(
+      "momentum server",
+      "plain SGD server",
+      "alpha count, HE1",
+      he1,
+      key("aladdin", "HE1", "_p4_mean_of_locals_sgd_acount"),
+    ),
+  ]
   # The straggler: the local steps of the 7 fast workers at the same sample budget.
   steps = {}
   for cluster in ("HO", "HE1"):
@@ -231,10 +278,13 @@ def aladdin_first_study() -> list[Claim]:
     }
   claims.append(
     Claim(
-      "local steps of a fast worker (1-7), HE1 - HO, ALADDIN", steps["HE1"], steps["HO"],
-      digits=1, words=("more in HE1", "fewer in HE1"),
+      "local steps of a fast worker (1-7), HE1 - HO, ALADDIN",
+      steps["HE1"],
+      steps["HO"],
+      digits=1,
+      words=("more in HE1", "fewer in HE1"),
     )
-  )  # fmt: skip
+  )
   return claims
 
 
@@ -243,11 +293,18 @@ def aladdin_first_study() -> list[Claim]:
 # ------------------------------------------------------------------------------------------------
 
 ADAMW_LABELS = {
-  "adam_lsw": "LSW", "adam_sqrt_lsw": "sqrt LSW", "lamb": "LAMB (seed-0 rate)",
-  "lena": "LENA p=1", "lena_sqrt": "LENA p=1/2", "adascale": "AdaScale p=1",
-  "adascale_sqrt": "AdaScale p=1/2", "lena_sa": "LENA p=1 + SA", "lena_sqrt_sa": "LENA p=1/2 + SA",
-  "adascale_sa": "AdaScale p=1 + SA", "adascale_sqrt_sa": "AdaScale p=1/2 + SA",
-}  # fmt: skip
+  "adam_lsw": "LSW",
+  "adam_sqrt_lsw": "sqrt LSW",
+  "lamb": "LAMB (seed-0 rate)",
+  "lena": "LENA p=1",
+  "lena_sqrt": "LENA p=1/2",
+  "adascale": "AdaScale p=1",
+  "adascale_sqrt": "AdaScale p=1/2",
+  "lena_sa": "LENA p=1 + SA",
+  "lena_sqrt_sa": "LENA p=1/2 + SA",
+  "adascale_sa": "AdaScale p=1 + SA",
+  "adascale_sqrt_sa": "AdaScale p=1/2 + SA",
+}
 
 
 def adamw() -> list[Claim]:
@@ -281,15 +338,24 @@ def resnet() -> list[Claim]:
   for s in (128, 256):
     lena = acc[f"lena_s{s}_state_aware"]
     for other, label in (
-      (f"adascale_s{s}_none", "AdaScale (none)"), (f"linear_scaling_s{s}_fixed", "LSW (fixed)"),
-    ):  # fmt: skip
+      (f"adascale_s{s}_none", "AdaScale (none)"),
+      (f"linear_scaling_s{s}_fixed", "LSW (fixed)"),
+    ):
       claims.append(_claim("LENA (SA)", label, f"S = {s}", lena, acc[other]))
     claims += [
       _claim("AdaScale (SA)", "LENA (SA)", f"S = {s}", acc[f"adascale_s{s}_state_aware"], lena),
       _claim("LENA (none)", "LENA (SA)", f"S = {s}", acc[f"lena_s{s}_none"], lena),
-      _claim("LENA relative_to_max", "LENA (SA)", f"S = {s}", acc[f"lena_relmax_s{s}_state_aware"], lena),
-      _claim("LENA relative_to_mean", "LENA (SA)", f"S = {s}", acc[f"lena_relmean_s{s}_state_aware"], lena),
-    ]  # fmt: skip
+      _claim(
+        "LENA relative_to_max", "LENA (SA)", f"S = {s}", acc[f"lena_relmax_s{s}_state_aware"], lena
+      ),
+      _claim(
+        "LENA relative_to_mean",
+        "LENA (SA)",
+        f"S = {s}",
+        acc[f"lena_relmean_s{s}_state_aware"],
+        lena,
+      ),
+    ]
   lars = {128: "lars_s128_fixed_lr30", 256: "lars_s256_fixed_lr10"}
   lamb = {128: "lamb_s128_fixed_lr0.1", 256: "lamb_s256_fixed_lr0.1"}
   for s in (128, 256):
@@ -303,39 +369,66 @@ def resnet() -> list[Claim]:
     _claim("LAMB (seed-0 rate)", "LENA none (seed-0 eta0)", "S = 256", acc[lamb[256]], tuned),
     _claim("LENA none eta0 0.0125", "LENA none eta0 0.05", "S = 256", tuned, acc["lena_s256_none"]),
     _claim(
-      "LENA none eta0 0.0125", "AdaScale (SA) eta0 0.0125", "S = 256", tuned,
+      "LENA none eta0 0.0125",
+      "AdaScale (SA) eta0 0.0125",
+      "S = 256",
+      tuned,
       acc["adascale_s256_state_aware_lr0.0125"],
     ),
-  ]  # fmt: skip
+  ]
   for s in (8, 32):
     lena = its[f"lena_s{s}_state_aware"]
     for other, label in (
-      (f"adascale_s{s}_none", "AdaScale (none)"), (f"linear_scaling_s{s}_fixed", "LSW (fixed)"),
+      (f"adascale_s{s}_none", "AdaScale (none)"),
+      (f"linear_scaling_s{s}_fixed", "LSW (fixed)"),
       (f"adascale_s{s}_state_aware", "AdaScale (SA)"),
-    ):  # fmt: skip
+    ):
       claims.append(
         Claim(
-          f"LENA (SA) - {label}, updates to target, S = {s}", lena, its[other], digits=1,
+          f"LENA (SA) - {label}, updates to target, S = {s}",
+          lena,
+          its[other],
+          digits=1,
           words=(f"{label} first", "LENA (SA) first"),
         )
-      )  # fmt: skip
+      )
   return claims
 
 
 def cnn() -> list[Claim]:
   acc = _lena_runs("large_batch_cnn")
   claims = [
-    _claim("LENA (SA)", "AdaScale (none)", f"S = {s}", acc[f"lena_s{s}_state_aware"], acc[f"adascale_s{s}_none"])
+    _claim(
+      "LENA (SA)",
+      "AdaScale (none)",
+      f"S = {s}",
+      acc[f"lena_s{s}_state_aware"],
+      acc[f"adascale_s{s}_none"],
+    )
     for s in (8, 16, 32, 64, 128)
-  ]  # fmt: skip
+  ]
   lena = acc["lena_s128_state_aware"]
   claims += [
     _claim("LENA (none)", "LENA (SA)", "S = 128", acc["lena_s128_none"], lena),
-    _claim("LENA (none)", "AdaScale (none)", "S = 128", acc["lena_s128_none"], acc["adascale_s128_none"]),
+    _claim(
+      "LENA (none)", "AdaScale (none)", "S = 128", acc["lena_s128_none"], acc["adascale_s128_none"]
+    ),
     _claim("LENA alpha 1%", "LENA alpha 5%", "SA, S = 128", acc["lena_s128_state_aware_a1"], lena),
-    _claim("LENA per module", "LENA per leaf", "none, S = 128", acc["lena_s128_none_module"], acc["lena_s128_none"]),
-    _claim("AdaScale (SA)", "AdaScale (none)", "S = 128", acc["adascale_s128_state_aware"], acc["adascale_s128_none"]),
-  ]  # fmt: skip
+    _claim(
+      "LENA per module",
+      "LENA per leaf",
+      "none, S = 128",
+      acc["lena_s128_none_module"],
+      acc["lena_s128_none"],
+    ),
+    _claim(
+      "AdaScale (SA)",
+      "AdaScale (none)",
+      "S = 128",
+      acc["adascale_s128_state_aware"],
+      acc["adascale_s128_none"],
+    ),
+  ]
   return claims
 
 

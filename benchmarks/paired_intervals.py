@@ -129,7 +129,7 @@ def paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> 
     raise ValueError(f"a and b must be non-empty and pair up, got {len(a)} and {len(b)} values.")
   if not 0.0 < confidence < 1.0:
     raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
-  d = [float(x) - float(y) for x, y in zip(a, b)]
+  d = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
   n = len(d)
   mean = math.fsum(d) / n
   wins = sum(x > 0 for x in d)
