@@ -346,6 +346,13 @@ def resnet() -> list[Claim]:
       _claim("AdaScale (SA)", "LENA (SA)", f"S = {s}", acc[f"adascale_s{s}_state_aware"], lena),
       _claim("LENA (none)", "LENA (SA)", f"S = {s}", acc[f"lena_s{s}_none"], lena),
       _claim(
+        "AdaScale (SA)",
+        "AdaScale (none)",
+        f"S = {s}",
+        acc[f"adascale_s{s}_state_aware"],
+        acc[f"adascale_s{s}_none"],
+      ),
+      _claim(
         "LENA relative_to_max", "LENA (SA)", f"S = {s}", acc[f"lena_relmax_s{s}_state_aware"], lena
       ),
       _claim(
@@ -356,6 +363,11 @@ def resnet() -> list[Claim]:
         lena,
       ),
     ]
+  claims.append(
+    _claim(
+      "LENA (fixed)", "LENA (SA)", "S = 256", acc["lena_s256_fixed"], acc["lena_s256_state_aware"]
+    )
+  )
   lars = {128: "lars_s128_fixed_lr30", 256: "lars_s256_fixed_lr10"}
   lamb = {128: "lamb_s128_fixed_lr0.1", 256: "lamb_s256_fixed_lr0.1"}
   for s in (128, 256):
