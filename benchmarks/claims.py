@@ -45,7 +45,7 @@ def _json(path: Path) -> dict:
     return json.load(f)
 
 
-def _by_seed(names: Mapping[str, float]) -> dict[str, dict[int, float]]:
+def _by_seed(names: Mapping[str, float | None]) -> dict[str, dict[int, float]]:
   """``{"x_seed0": v, "x_seed1": w}`` -> ``{"x": {0: v, 1: w}}``."""
   out: dict[str, dict[int, float]] = {}
   for name, value in names.items():
