@@ -202,6 +202,8 @@ def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected)
     argv += ["--quick", "--seeds", "0", "1", "2", "--scales", "8", "16", "32", "64", "128"]
     argv += ["--ablation_seeds", "0", "1"]
   importlib.import_module(f"benchmarks.{study}.study").main(argv)
+  if study == "adamw_scaling":
+    assert importlib.import_module(plots[0]).PAIRS == claims.ADAMW_PAIRS
   rebuilt = (out / "tables.md").read_text()
   assert md_tables(rebuilt) == md_tables((BENCH / study / "results/tables.md").read_text())
   name = {"large_batch_resnet": "resnet", "large_batch_cnn": "cnn", "adamw_scaling": "adamw"}
