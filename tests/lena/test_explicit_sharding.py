@@ -271,3 +271,141 @@ def test_explicit_mesh_matches_auto_mesh_and_reference(case: str) -> None:
       jax.tree.leaves(guard.inner_state), jax.tree.leaves(before.inner_state), strict=True
     ):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_all_reduce_inside_shard_map_over_one_axis_of_an_explicit_mesh() -> None:
+  """Data parallelism over "a" with shard_map, the parameters sharded over "b" (explicit inside
+  the body): per-device gradients and their K = 2 local micro-batches, plain and packed."""
+  mesh = _mesh("2d", AxisType.Explicit)
+  rng = np.random.RandomState(5)
+  k = 2
+  per_sample = {  # [workers a=2, K, *shape]: S = 2 x 2 samples
+    "v": rng.standard_normal((2, k, 8, 3)).astype(np.float32),
+    "w": rng.standard_normal((2, k, 3, 8)).astype(np.float32),
+  }
+  specs = {"v": P("a", None, "b"), "w": P("a", None, None, "b")}
+  param_specs = {"v": P("b"), "w": P(None, "b")}
+
+  def body(params, micro):
+    micro = jax.tree.map(lambda x: x[0], micro)  # this device's K micro-batches
+    params = jax.lax.pcast(params, "a", to="varying")
+    _, local, local_stats = ol.accumulate_grad_stats(_linear_loss, params, micro)
+    single = jax.tree.map(lambda x: x[0], micro)
+    return (
+      ol.all_reduce_grad_stats(local, "a", local_stats=local_stats),
+      ol.all_reduce_grad_stats(single, "a"),
+      ol.all_reduce_grad_stats(single, "a", packed=True),
+    )
+
+  with jax.set_mesh(mesh):
+    micro = {n: jax.device_put(x, NamedSharding(mesh, specs[n])) for n, x in per_sample.items()}
+    params = {
+      n: jax.device_put(np.zeros(x.shape[2:], np.float32), NamedSharding(mesh, param_specs[n]))
+      for n, x in per_sample.items()
+    }
+    fn = jax.shard_map(body, in_specs=(P(), P("a")), out_specs=P(), axis_names={"a"})
+    accumulated, single, packed = jax.jit(fn, compiler_options=FAST_COMPILE)(params, micro)
+  for (mean, stats), samples in ((accumulated, (0, 1)), (single, (0,)), (packed, (0,))):
+    assert _typeof(mean) == _typeof(params)
+    g64 = [
+      np.asarray(x, np.float64)[:, samples].reshape(-1, *x.shape[2:])
+      for x in jax.tree.leaves(per_sample)
+    ]
+    assert stats.num_samples == g64[0].shape[0]
+    _assert_close(mean, [g.mean(0) for g in g64], "mean gradient")
+    top = [np.mean(np.sum(g.reshape(len(g), -1) ** 2, axis=1)) for g in g64]
+    np.testing.assert_allclose(_leaves64(stats.sq_norm_mean), top, rtol=RTOL)
+    np.testing.assert_allclose(
+      _leaves64(stats.mean_grad_sq_norm), [np.sum(g.mean(0) ** 2) for g in g64], rtol=RTOL
+    )
+  for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(packed), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_flax_helpers_on_an_explicit_mesh() -> None:
+  """optax_lena.flax's linen and NNX helpers with the parameters sharded over "b" and the
+  worker axis of the batch over "a": gradients, statistics and the worker-mean batch statistics
+  equal float64 NumPy, their types are the parameters', and the NNX optimizer's state types
+  survive the update."""
+  pytest.importorskip("flax")
+  from flax import nnx
+
+  import optax_lena.flax as olf
+
+  mesh = _mesh("2d", AxisType.Explicit)
+  rng = np.random.RandomState(7)
+  x = rng.standard_normal((S, 3, 5)).astype(np.float32)  # S workers of batch 3
+  w0 = (0.5 * rng.standard_normal((5, 8))).astype(np.float32)
+  b0 = (0.5 * rng.standard_normal(8)).astype(np.float32)
+
+  def forward(w, b, batch):
+    y = batch @ w + b
+    return 0.5 * jnp.mean(jnp.sum(y * y, axis=-1)), jnp.mean(y, axis=0)
+
+  def linen_loss(params, batch_stats, batch, key):
+    del key  # split per worker all the same: the keys' worker axis must match the batch's
+    loss, y_mean = forward(params["w"], params["b"], batch)
+    return loss, {"y_mean": 0.5 * batch_stats["y_mean"] + y_mean}
+
+  class Linear(nnx.Module):
+    def __init__(self, w, b):
+      self.w, self.b = nnx.Param(w), nnx.Param(b)
+      self.y_mean = nnx.BatchStat(jnp.zeros_like(b))
+      self.rngs = nnx.Rngs(0)  # an RNG stream: per-worker keys go through the vmap
+
+    def __call__(self, batch):
+      loss, y_mean = forward(self.w.value, self.b.value, batch)
+      self.y_mean.value = 0.5 * self.y_mean.value + y_mean
+      return loss
+
+  with jax.set_mesh(mesh):
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+    batches = put(x, P("a"))
+    params = {"b": put(b0, P("b")), "w": put(w0, P(None, "b"))}
+    batch_stats = {"y_mean": put(np.zeros(8, np.float32), P("b"))}
+    model = Linear(params["w"], params["b"])
+    tx = ol.lena(0.1, warmup_threshold=THETA)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    opt_types = _typeof(nnx.state(optimizer.opt_state))
+
+    @nnx.jit
+    def nnx_step(model, optimizer, batches):
+      loss, grads, stats = olf.nnx_grad_stats(lambda m, b: m(b), model, batches)
+      optimizer.update(model, grads, grad_stats=stats)
+      return loss, grads, stats
+
+    linen = jax.jit(
+      lambda p, bs, xb: olf.linen_grad_stats(linen_loss, p, bs, xb, jax.random.key(1)),
+      compiler_options=FAST_COMPILE,
+    )(params, batch_stats, batches)
+    nnx_out = nnx_step(model, optimizer, batches)
+    assert _typeof(nnx.state(optimizer.opt_state)) == opt_types
+    assert _typeof(model.y_mean.value) == _typeof(batch_stats["y_mean"])
+
+  # Float64 NumPy: per-worker gradients of 0.5 mean_n ||x_n w + b||^2.
+  x64, w64, b64 = (np.asarray(a, np.float64) for a in (x, w0, b0))
+  y = x64 @ w64 + b64  # [S, 3, 8]
+  per_worker = [np.einsum("sni,snj->sij", x64, y) / 3, y.mean(1)]  # w, b
+  mean = [g.mean(0) for g in per_worker]
+  top = [np.mean(np.sum(g.reshape(S, -1) ** 2, axis=1)) for g in per_worker]
+  bot = [np.sum(m**2) for m in mean]
+  y_mean = y.mean(1).mean(0)  # the workers' mean of their new statistics (old ones are 0)
+  loss = np.mean(0.5 * np.mean(np.sum(y * y, axis=-1), axis=1))
+  (linen_loss_value, linen_grads, linen_stats, new_batch_stats) = linen
+  nnx_loss, nnx_grads, nnx_stats = nnx_out
+  for got_loss, grads, stats in (
+    (linen_loss_value, [linen_grads["w"], linen_grads["b"]], linen_stats),
+    (nnx_loss, [nnx_grads["w"].value, nnx_grads["b"].value], nnx_stats),
+  ):
+    np.testing.assert_allclose(float(got_loss), loss, rtol=RTOL)
+    assert [_spec(jax.typeof(g)) for g in grads] == [(None, "b"), ("b",)]
+    _assert_close(grads, mean, "mean gradient")
+    order = [jax.tree.leaves(stats.sq_norm_mean), jax.tree.leaves(stats.mean_grad_sq_norm)]
+    # Leaves in key order (b, w): reorder to (w, b).
+    np.testing.assert_allclose([_leaves64(t)[::-1] for t in order], [top, bot], rtol=RTOL)
+  _assert_close(new_batch_stats["y_mean"], y_mean, "linen batch statistics")
+  _assert_close(model.y_mean.value, y_mean, "NNX batch statistics")
+  # The NNX optimizer applied LENA's first update, w - eta * r * warmup * g (no momentum yet).
+  ref = ReferenceOptimizer("lena", "state_aware", lr0=0.1, warmup_threshold=THETA)
+  w_ref = ref.step([b64, w64], [per_worker[1], per_worker[0]])
+  _assert_close([model.b.value, model.w.value], w_ref, "NNX parameters after one LENA update")
