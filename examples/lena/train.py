@@ -323,6 +323,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     layout,
     functools.partial(worker_grads, model=model),
     functools.partial(apply_update, tx=tx),
+    config.sharding_mode,
   )
   rng = jax.random.key(config.seed, impl=None if config.rng_impl == "default" else config.rng_impl)
   state = strategy.on_mesh(create_train_state(rng, model, tx, data.input_shape))

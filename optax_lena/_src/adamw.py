@@ -70,8 +70,8 @@ def large_batch_adamw(
     Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
     NeurIPS 2022.
   """
-  checks.check_decay_rate(b1, "b1", "0.9")
-  checks.check_decay_rate(b2, "b2", "0.999")
+  checks.check_adam_betas(b1, b2)
+  checks.check_weight_decay(weight_decay)
   inner: list[optax.GradientTransformation] = [optax.scale_by_adam(b1=b1, b2=b2, eps=adam_eps)]
   if not alias.is_zero(weight_decay):
     inner.append(alias.decayed_weights(weight_decay, weight_decay_mask))

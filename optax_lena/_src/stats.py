@@ -320,6 +320,15 @@ def accumulate_grad_stats(
       f"got {sorted(str(s) for s in sizes)}. Reshape the batch to [K, micro_batch, ...]."
     )
   k = int(next(iter(sizes)) or 0)
+  for x in leaves:
+    spec = tree_utils.explicit_spec(x)
+    if spec is not None and spec[0] is not None:
+      raise ValueError(
+        f"accumulate_grad_stats got micro_batches whose leading axis K is sharded along mesh "
+        f"axis {spec[0]!r} (type {jax.typeof(x)}); lax.scan runs the K micro-batches one "
+        "after another and needs that axis unsharded. Shard an axis of the micro-batch "
+        f"instead, e.g. jax.sharding.reshard(x, P(None, {spec[0]!r})) for [K, batch, ...]."
+      )
   grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
 
   def step(carry, batch):

@@ -77,7 +77,7 @@ def explicit_spec(x: Any) -> jax.sharding.PartitionSpec | None:
   mesh = getattr(sharding, "mesh", None)
   if sharding is None or mesh is None or not getattr(mesh, "explicit_axes", ()):
     return None
-  spec = sharding.spec
+  spec: Any = getattr(sharding, "spec", ())
   return spec if any(p is not None for p in spec) else None
 
 

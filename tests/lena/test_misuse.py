@@ -69,7 +69,7 @@ def test_non_positive_learning_rate(bad):
       alias(bad)
 
 
-@pytest.mark.parametrize("bad", [0.0, -3.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("bad", [0.0, -3.0])
 def test_non_positive_warmup_threshold(bad):
   with pytest.raises(ValueError, match=r"warmup_threshold must be positive.*None"):
     ol.lena(0.1, warmup_threshold=bad)
@@ -134,31 +134,11 @@ def test_weight_decay_mask_of_another_structure(alias):
     ({"eps": -1.0}, "eps"),
     ({"num_samples": 0}, "num_samples"),
     ({"warmup_steps": -5}, "warmup_steps"),
-    ({"momentum": 1.5}, r"momentum must be in \[0, 1\)"),
-    ({"momentum": -0.1}, r"momentum must be in \[0, 1\)"),
-    ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
-    ({"weight_decay": -1e-4}, "weight_decay must be a finite number >= 0"),
-    ({"weight_decay": float("nan")}, "weight_decay must be a finite number >= 0"),
-    ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0"),
   ],
 )
 def test_bad_hyperparameters(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ol.lena(0.1, **kwargs)
-
-
-@pytest.mark.parametrize("alias", [ol.lena_adamw, ol.adascale_adamw, ol.linear_scaling_adamw])
-@pytest.mark.parametrize(
-  "kwargs, match",
-  [
-    ({"b1": 1.0}, r"b1 must be in \[0, 1\)"),
-    ({"b2": -0.5}, r"b2 must be in \[0, 1\)"),
-    ({"weight_decay": -0.05}, "weight_decay must be a finite number >= 0"),
-  ],
-)
-def test_bad_adamw_hyperparameters(alias, kwargs, match):
-  with pytest.raises(ValueError, match=match):
-    alias(1e-3, **kwargs)
 
 
 def test_bad_stacked_gradients():
@@ -213,6 +193,22 @@ def test_diagnostics_without_optax_lena_state():
     (lambda: ol.scale_by_learning_rate(0.1, clock="epochs"), "Unknown clock"),
     (lambda: ol.GainRatioRule(grouping="layer"), "Unknown grouping"),
     (lambda: ol.scale_by_lena(grouping="modules"), "Unknown grouping"),
+    (lambda: ol.lena(0.1, momentum=1.5), r"momentum must be in \[0, 1\), got 1.5"),
+    (lambda: ol.lena(0.1, momentum=-0.1), r"momentum must be in \[0, 1\)"),
+    (lambda: ol.adascale(0.1, momentum=1.0), r"momentum must be in \[0, 1\)"),
+    (lambda: ol.large_batch_sgd(0.1, ol.lena_rule(), momentum=2), r"momentum must be in \[0, 1"),
+    (lambda: ol.lena(0.1, weight_decay=-1e-4), "weight_decay must be finite and >= 0"),
+    (lambda: ol.linear_scaling(0.1, weight_decay=float("nan")), "weight_decay must be finite"),
+    (lambda: ol.lena_adamw(1e-3, weight_decay=float("inf")), "weight_decay must be finite"),
+    (
+      lambda: ol.lena(0.1, warmup_threshold=float("inf")),
+      "warmup_threshold must be positive and finite",
+    ),
+    (lambda: ol.layerwise_warmup(float("inf")), "warmup_threshold must be positive and finite"),
+    (lambda: ol.lena_adamw(1e-3, b1=1.0), r"b1 must be in \[0, 1\), got 1.0"),
+    (lambda: ol.adascale_adamw(1e-3, b2=1.5), r"b2 must be in \[0, 1\)"),
+    (lambda: ol.linear_scaling_adamw(1e-3, b1=-0.1), r"b1 must be in \[0, 1\)"),
+    (lambda: ol.large_batch_adamw(1e-3, ol.lena_rule(), b2=float("nan")), r"b2 must be in"),
   ],
 )
 def test_bad_hyperparameter_values_on_every_entry_point(build, match):

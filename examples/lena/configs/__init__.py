@@ -75,6 +75,9 @@ class Config:
   # How S changes during the run: 'none', 'steps:U0:S0,U1:S1,...', 'noise[:...]' or
   # 'seesaw[:max=M]' (examples/lena/ramp.py).
   batch_ramp: str = "none"
+  # 'auto' (XLA propagates the shardings) or 'explicit' (gspmd / vmap: a mesh of explicit axes,
+  # the shardings in the arrays' types, as under jax.set_mesh).
+  sharding_mode: str = "auto"
 
   # Schedule of the run.
   num_epochs: int = 30
