@@ -9,6 +9,11 @@ gradients for every layer. This module computes them wherever the per-worker gra
 
 and the compositions of these (S = devices x K). All statistics are float32 whatever the gradient
 dtype, so float16 gradients whose squares leave the float16 range still give exact statistics.
+
+Under a mesh of explicit axes (``jax.sharding.AxisType.Explicit`` with ``jax.set_mesh``) the
+gradients carry their sharding in their types: the reductions here keep it (a sum over trailing
+axes, never a reshape across a sharded axis), and new arrays combined with the gradients (the
+accumulation's carry) take the gradients' types.
 """
 
 from __future__ import annotations
