@@ -31,7 +31,7 @@ import optax
 from benchmarks import harness
 from benchmarks.aladdin import training
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin import simulator as sim
+from optax_lena.aladdin import simulator as sim
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "recipe"  # runs.json, recipe.md
 SEEDS = (0, 1, 2)

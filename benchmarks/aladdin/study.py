@@ -57,7 +57,7 @@ from benchmarks.aladdin.training import (
   training_cluster,
 )
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin import simulator as sim
+from optax_lena.aladdin import simulator as sim
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
