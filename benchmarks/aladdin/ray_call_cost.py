@@ -5,7 +5,7 @@ slice of a fold as ``ServerShard.receive`` does, copies it as XLA copies its arg
 replies every period with a global slice) on one node, with up to ``max_inflight`` calls
 unanswered as the outbox keeps them. Per fold size, the CPU seconds per call of the caller and
 of the callee, and the wall time per call, for messages in the call (inline: Ray copies them
-through gRPC) and in the worker's ring (:mod:`optax_lena._src.aladdin.ray.channel`); the two
+through gRPC) and in the worker's ring (``optax_lena.aladdin.distributed.channel``); the two
 paths alternate ``--repeats`` times. The messages are the example CNN's (12,106 float32).
 
 Usage::
@@ -35,7 +35,7 @@ class _Callee:
   """Reads a fold as a shard does and replies every ``PERIOD`` messages (a Ray actor)."""
 
   def __init__(self, max_fold: int):
-    from optax_lena._src.aladdin.ray import channel
+    from optax_lena.aladdin.distributed import channel
 
     self.rings = channel.Mapped(SIZE, np.float32, max_fold)
     self.global_slice = np.ones(SIZE, np.float32)
@@ -44,7 +44,7 @@ class _Callee:
     return os.getpid()
 
   def receive(self, worker: int, messages: Any, finite: np.ndarray) -> Any:
-    from optax_lena._src.aladdin.ray import channel
+    from optax_lena.aladdin.distributed import channel
 
     rows = messages if isinstance(messages, channel.Rows) else None
     block = np.array(self.rings.read(rows) if rows is not None else messages)
@@ -92,7 +92,7 @@ def _calls(callee: Any, ring: Any, fold: int, calls: int) -> dict[str, float]:
 def measure(folds: list[int], calls: int, repeats: int) -> list[dict[str, Any]]:
   import ray
 
-  from optax_lena._src.aladdin.ray import channel
+  from optax_lena.aladdin.distributed import channel
 
   most = max(folds)
   callee = ray.remote(num_cpus=0)(_Callee).remote(most)

@@ -86,13 +86,11 @@ CHILD_LOOPS = {
 def _loop_child(conn: Any, batch_size: int) -> None:
   """A loop process whose XLA pool has one thread: answers ``(seconds, placement, wait)`` with a
   loop's result, its threads placed as in :data:`CHILD_LOOPS` (``"pinned"`` as the runtime
-  pins a worker: :func:`~optax_lena._src.aladdin.ray.cores.place_step`)."""
-  from optax_lena._src.aladdin.ray.cores import (
-    limit_intra_op_threads,
-    place_step,
-    set_affinity,
-    thread_ids,
-  )
+  pins a worker: ``optax_lena.aladdin.distributed.cores.place_step``)."""
+  from optax_lena.aladdin.distributed import cores
+
+  limit_intra_op_threads, place_step = cores.limit_intra_op_threads, cores.place_step
+  set_affinity, thread_ids = cores.set_affinity, cores.thread_ids
 
   limit_intra_op_threads(1)
   cpus = sorted(os.sched_getaffinity(0))

@@ -57,8 +57,8 @@ import numpy as np
 import optax
 
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin.ray.shard import folded_receive
-from optax_lena._src.aladdin.server import all_finite
+from optax_lena.aladdin import all_finite
+from optax_lena.aladdin.distributed import folded_receive
 
 
 def resnet50_shapes(num_classes: int = 10) -> dict[str, tuple[int, ...]]:

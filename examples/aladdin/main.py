@@ -297,7 +297,7 @@ def _jsonable(value: Any) -> Any:
 
 def cli(argv: Sequence[str] | None = None) -> int:
   """``python -m examples.aladdin``: the exit status (130 / 143 after Ctrl-C / SIGTERM)."""
-  from optax_lena._src.aladdin.ray.signals import Interrupted, exit_on_stop_signals
+  from optax_lena.aladdin.distributed import Interrupted, exit_on_stop_signals
 
   exit_on_stop_signals()
   try:

@@ -37,6 +37,7 @@ from optax_lena._src.aladdin.server import (
   ParameterServer,
   Reply,
   ServerState,
+  all_finite,
   parameter_server,
 )
 from optax_lena._src.aladdin.sharding import (
@@ -70,6 +71,7 @@ __all__ = [
   "ShardedServerState",
   "Spec",
   "algorithm",
+  "all_finite",
   "ar_sgd_mean",
   "asp_server",
   "easgd_server",

@@ -27,6 +27,10 @@ except ImportError as _err:  # pragma: no cover - depends on the installation
   ) from _err
 
 from optax_lena._src.aladdin import algorithms as _algorithms
+from optax_lena._src.aladdin.ray import (  # the ring and core placement, for benchmarks
+  channel,
+  cores,
+)
 from optax_lena._src.aladdin.ray import iterations as _iterations  # noqa: F401 - attaches Ray's
 from optax_lena._src.aladdin.ray.bootstrap import connect
 from optax_lena._src.aladdin.ray.config import (
@@ -37,6 +41,7 @@ from optax_lena._src.aladdin.ray.config import (
   Task,
 )
 from optax_lena._src.aladdin.ray.driver import Runtime
+from optax_lena._src.aladdin.ray.shard import folded_receive
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
@@ -49,6 +54,9 @@ __all__ = [
   "RunResult",
   "Runtime",
   "Task",
+  "channel",
   "connect",
+  "cores",
   "exit_on_stop_signals",
+  "folded_receive",
 ]
