@@ -18,6 +18,7 @@ from optax_lena._src.adamw import (
   linear_scaling_adamw,
 )
 from optax_lena._src.alias import adascale, large_batch_sgd, lena, linear_scaling
+from optax_lena._src.batch_policy import advise_num_samples
 from optax_lena._src.diagnostics import (
   diagnostics,
   expected_speedup,
@@ -79,6 +80,7 @@ __all__ = [
   "adascale",
   "adascale_adamw",
   "adascale_rule",
+  "advise_num_samples",
   "all_reduce_grad_stats",
   "diagnostics",
   "expected_speedup",

@@ -41,6 +41,7 @@ except ImportError as err:  # name the extra instead of a bare "No module named 
   ) from err
 
 from optax_lena._src import stats as stats_lib
+from optax_lena._src import tree_utils
 
 PyTree = Any
 __all__ = ["TrainState", "linen_grad_stats", "nnx_grad_stats"]
@@ -119,14 +120,27 @@ def _num_workers(worker_batches: PyTree, who: str) -> int:
   return int(next(iter(sizes)) or 0)
 
 
-def _worker_keys(key: jax.Array, num_workers: int) -> jax.Array:
-  """Worker i's key: ``jax.random.fold_in(key, i)``, stacked on a leading axis."""
-  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_workers))
+def _worker_keys(key: jax.Array, num_workers: int, worker_batches: PyTree) -> jax.Array:
+  """Worker i's key: ``jax.random.fold_in(key, i)``, stacked on a leading axis.
+
+  Under an explicit-axis mesh ``vmap`` needs every mapped input's worker axis sharded alike, so
+  the keys take the sharding of the batches' worker axis.
+  """
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_workers))
+  spec = tree_utils.explicit_spec(jax.tree.leaves(worker_batches)[0])
+  if spec is not None and spec[0] is not None:
+    keys = jax.sharding.reshard(keys, jax.sharding.PartitionSpec(spec[0]))
+  return keys
 
 
 def _mean_over_workers(x: jax.Array) -> jax.Array:
   """Floating state (batch statistics) is averaged over workers, as data-parallel training
   does with ``pmean``; integer state (e.g. RNG counters, equal on every worker) is worker 0's."""
+  spec = tree_utils.explicit_spec(x)
+  if spec is not None and spec[0] is not None:
+    # Under an explicit-axis mesh worker 0's slice of a worker axis sharded across devices has
+    # no sharding type: gather that axis first (batch statistics are small).
+    x = jax.sharding.reshard(x, jax.sharding.PartitionSpec(None, *spec[1:]))
   if jnp.issubdtype(x.dtype, jnp.inexact):
     # Worker 0's value plus the mean deviation: exactly unchanged when the workers agree (e.g.
     # running statistics in eval mode, frozen variables) for any S, not only powers of two.
@@ -199,7 +213,7 @@ def nnx_grad_stats(
   num_workers = _num_workers(worker_batches, who)
   parts: Any = nnx.split(model, wrt, nnx.RngKey, ...)
   graphdef, params, keys, rest = parts[0], parts[1], parts[2], parts[3]
-  worker_keys = jax.tree.map(lambda k: _worker_keys(k, num_workers), keys)
+  worker_keys = jax.tree.map(lambda k: _worker_keys(k, num_workers, worker_batches), keys)
 
   def worker(params, keys, rest, batch):
     def loss_of(params):
@@ -272,7 +286,7 @@ def linen_grad_stats(
   """
   who = "optax_lena.flax.linen_grad_stats"
   num_workers = _num_workers(worker_batches, who)
-  keys = None if rng is None else _worker_keys(rng, num_workers)
+  keys = None if rng is None else _worker_keys(rng, num_workers, worker_batches)
 
   def loss_of(params, batch, key):
     out = loss_fn(params, batch_stats, batch, key)

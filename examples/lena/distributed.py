@@ -96,6 +96,10 @@ def validate(options: DistributedOptions) -> None:
       f"--coordinator_address {address!r} is not host:port (e.g. 10.0.0.1:1234); every process "
       "gives the address of process 0."
     )
+  if address and not 1 <= int(address.rsplit(":", 1)[1]) <= 65535:
+    raise DistributedError(
+      f"--coordinator_address {address!r}: the port must be in 1..65535 (e.g. 127.0.0.1:1234)."
+    )
   n, i = options.num_processes, options.process_id
   if options.explicit and (n <= 0 or i < 0 or not address):
     raise DistributedError(
@@ -110,6 +114,29 @@ def validate(options: DistributedOptions) -> None:
     )
   if options.initialization_timeout < 1 or options.heartbeat_timeout < 1:
     raise DistributedError("initialization_timeout and heartbeat_timeout must be >= 1 second.")
+
+
+def bind_address(coordinator_address: str) -> str | None:
+  """Where process 0's coordination service listens: the coordinator's own host and port when
+  that host is loopback (127.0.0.0/8, ``localhost``, ``::1``), else None (JAX's default, every
+  interface, ``[::]:port``), since other machines must reach it there.
+
+  JAX's coordination service is not authenticated: a run on one machine must not listen beyond
+  it, and without this JAX binds every interface even for a loopback address.
+  """
+  import ipaddress
+
+  host, _, port = coordinator_address.rpartition(":")
+  host = host.strip("[]")
+  try:
+    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a host name
+    loopback = False
+  if not loopback:
+    return None
+  return (
+    f"[{host}]:{port}" if ":" in host else f"{'127.0.0.1' if host == 'localhost' else host}:{port}"
+  )
 
 
 _JAX_GRACE_S = 30  # JAX's own initialization timeout runs this much longer than ours
@@ -193,9 +220,11 @@ def initialize(options: DistributedOptions) -> bool:
   joined = threading.Event()
   watchdog = threading.Thread(target=_watch, args=(options, launcher, joined), daemon=True)
   watchdog.start()
+  bind = bind_address(options.coordinator_address) if options.coordinator_address else None
   try:
     jax.distributed.initialize(
       coordinator_address=options.coordinator_address or None,
+      coordinator_bind_address=bind,  # None: JAX's default, every interface
       num_processes=options.num_processes if options.num_processes > 0 else None,
       process_id=options.process_id if options.process_id >= 0 else None,
       initialization_timeout=options.initialization_timeout + _JAX_GRACE_S,

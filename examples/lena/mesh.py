@@ -42,13 +42,16 @@ def mesh_devices(num_devices: int, model_parallel: int = 1) -> list[jax.Device]:
   return [d for p in sorted(by_process) for d in by_process[p][:per_process]]
 
 
-def make_mesh(num_devices: int, model_parallel: int = 1) -> Mesh:
-  """The 1-D ``('batch',)`` mesh, or ``('batch', 'model')`` with ``model_parallel > 1``."""
+def make_mesh(num_devices: int, model_parallel: int = 1, explicit: bool = False) -> Mesh:
+  """The 1-D ``('batch',)`` mesh, or ``('batch', 'model')`` with ``model_parallel > 1``.
+
+  ``explicit``: axes of type ``AxisType.Explicit``, whose arrays carry their sharding in their
+  types (``sharding_mode='explicit'``); otherwise ``Auto`` (XLA propagates the shardings).
+  """
   devices = mesh_devices(num_devices, model_parallel)
+  kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
   if model_parallel == 1 and jax.process_count() == 1:
-    return jax.make_mesh(
-      (num_devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices
-    )
+    return jax.make_mesh((num_devices,), (AXIS,), axis_types=(kind,), devices=devices)
   # Kept in this order (no topology reordering): each process's devices are whole, consecutive
   # rows of the batch axis.
   shape: tuple[int, ...] = (num_devices, model_parallel)
@@ -56,9 +59,7 @@ def make_mesh(num_devices: int, model_parallel: int = 1) -> Mesh:
   if model_parallel == 1:
     shape, names = (num_devices,), (AXIS,)
   return Mesh(
-    np.asarray(devices, dtype=object).reshape(shape),
-    names,
-    axis_types=(jax.sharding.AxisType.Auto,) * len(names),
+    np.asarray(devices, dtype=object).reshape(shape), names, axis_types=(kind,) * len(names)
   )
 
 

@@ -43,6 +43,7 @@ from examples.lena.mesh import AXIS
 
 PyTree = Any
 Batch = dict[str, np.ndarray]
+SHARDING_MODES = ("auto", "explicit")
 # worker(state, micro_batches) -> (grads, stats, aux): one worker's K micro-batches ([K, b, ...]
 # leaves); aux (metrics, BatchNorm statistics) is averaged over the workers.
 WorkerFn = Callable[[Any, Batch], tuple[PyTree, ol.GradStats, PyTree]]
@@ -165,10 +166,25 @@ class Strategy:
   """
 
   name: ClassVar[str]
+  # Whether the strategy runs on a mesh of explicit axes (sharding_mode='explicit').
+  supports_explicit: ClassVar[bool] = False
 
-  def __init__(self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn):
+  def __init__(
+    self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn, sharding_mode: str = "auto"
+  ):
+    if sharding_mode not in SHARDING_MODES:
+      raise ConfigError(
+        f"Unknown sharding_mode {sharding_mode!r}; valid sharding_modes: "
+        f"{', '.join(SHARDING_MODES)}."
+      )
+    self.explicit = sharding_mode == "explicit"
+    if self.explicit and not (self.supports_explicit and layout.model_parallel == 1):
+      raise ConfigError(
+        "sharding_mode='explicit' runs the jit (GSPMD) path with replicated parameters: use "
+        "parallel='gspmd' or 'vmap' with model_parallel=1, or sharding_mode='auto'."
+      )
     self.layout = layout
-    self.mesh = mesh_lib.make_mesh(layout.num_devices, layout.model_parallel)
+    self.mesh = mesh_lib.make_mesh(layout.num_devices, layout.model_parallel, self.explicit)
     self.devices = list(self.mesh.devices.flat)
     # The workers of this process's devices (all of them on one process).
     self.local_workers = layout.num_devices // jax.process_count()
@@ -292,13 +308,15 @@ class Pmap(Strategy):
 
   name = "pmap"
 
-  def __init__(self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn):
+  def __init__(
+    self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn, sharding_mode: str = "auto"
+  ):
     if jax.process_count() > 1 or layout.model_parallel > 1:
       raise ConfigError(
         "parallel='pmap' runs on one process with replicated parameters; use "
         "parallel=shard_map or gspmd for several processes or model_parallel > 1."
       )
-    super().__init__(layout, worker, update)
+    super().__init__(layout, worker, update, sharding_mode)
 
   def compile(self, worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
     body = _per_device_step(worker, update)
@@ -321,16 +339,38 @@ class Gspmd(Strategy):
 
   name = "gspmd"
 
+  supports_explicit = True
+
   def compile(self, worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
     workers = NamedSharding(self.mesh, P(AXIS))
 
     def step(state: Any, batch: Batch) -> Any:
-      # Keeps XLA from replicating the vmap: the worker axis stays split over the devices.
-      batch = jax.lax.with_sharding_constraint(batch, workers)
-      grads, stats, aux = jax.vmap(lambda b: worker(state, b))(batch)
+      # Keeps XLA from replicating the vmap: the worker axis stays split over the devices. On
+      # an explicit mesh that split is the batch's type already (shard_batch put it there).
+      if not self.explicit:
+        batch = jax.lax.with_sharding_constraint(batch, workers)
+      workers_fn = lambda state, batch: jax.vmap(lambda b: worker(state, b))(batch)
+      if self.explicit:
+        # The model's layers run with XLA's propagation (Flax's conv batching rule folds the
+        # vmapped worker axis into the conv batch, a reshape that explicit types do not yet
+        # allow across a sharded axis); their outputs come back typed, the worker axis over
+        # 'batch', and everything after (statistics, optimizer, reductions) is explicit.
+        workers_fn = jax.sharding.auto_axes(workers_fn, axes=AXIS, out_sharding=P(AXIS))
+      grads, stats, aux = workers_fn(state, batch)
       grads, stats = ol.stacked_grad_stats(grads, stacked_stats=stats)
       return update(state, grads, stats, jax.tree.map(lambda x: jnp.mean(x, axis=0), aux))
 
+    if self.explicit:
+      # Under the mesh its explicit axes are the types of the traced arrays: the worker axis
+      # typed 'batch', the parameters, statistics and updates replicated (the reductions over
+      # the worker axis are the all-reduces).
+      jitted = jax.jit(step, donate_argnums=(0,))
+
+      def explicit_step(state: Any, batch: Batch) -> Any:
+        with jax.set_mesh(self.mesh):
+          return jitted(state, batch)
+
+      return explicit_step
     if self.layout.model_parallel == 1:
       return jax.jit(step, out_shardings=NamedSharding(self.mesh, P()), donate_argnums=(0,))
     return jax.jit(lambda state, batch: self.constrain(step(state, batch)), donate_argnums=(0,))
@@ -363,8 +403,11 @@ class PerWorkerVmap(Gspmd):
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (ShardMap, Pmap, Gspmd, PerWorkerVmap)}
 
 
-def create(name: str, layout: BatchLayout, worker: WorkerFn, update: UpdateFn) -> Strategy:
-  """The strategy ``name`` (``config.parallel``) on ``layout.num_devices`` devices."""
+def create(
+  name: str, layout: BatchLayout, worker: WorkerFn, update: UpdateFn, sharding_mode: str = "auto"
+) -> Strategy:
+  """The strategy ``name`` (``config.parallel``) on ``layout.num_devices`` devices, its mesh's
+  axes ``Auto`` or ``Explicit`` (``config.sharding_mode``; explicit for gspmd and vmap)."""
   if name not in STRATEGIES:
     raise ConfigError(f"Unknown parallel {name!r}; valid parallels: {', '.join(STRATEGIES)}.")
-  return STRATEGIES[name](layout, worker, update)
+  return STRATEGIES[name](layout, worker, update, sharding_mode)

@@ -287,6 +287,10 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     ``model`` axis with ``model_parallel > 1``).
   """
   validate_config(config)
+  if config.batch_ramp != "none":  # S changes during the run: the ramp's own loop
+    from examples.lena import ramp
+
+    return ramp.train_and_evaluate(config, workdir)
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
   if is_main:
@@ -319,6 +323,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     layout,
     functools.partial(worker_grads, model=model),
     functools.partial(apply_update, tx=tx),
+    config.sharding_mode,
   )
   rng = jax.random.key(config.seed, impl=None if config.rng_impl == "default" else config.rng_impl)
   state = strategy.on_mesh(create_train_state(rng, model, tx, data.input_shape))
@@ -362,6 +367,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       "wall_time": wall_offset + time.perf_counter() - t0,
       "train_loss": mean("loss"),
       "train_accuracy": mean("accuracy"),
+      "num_samples": s,  # S of the last update (fixed here; examples/lena/ramp.py varies it)
     }
     if logs_diagnostics:
       rec.update(metrics.diagnostics_record(host_state.opt_state, host_state.params))

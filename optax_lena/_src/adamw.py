@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import optax
 
-from optax_lena._src import alias, gain_ratio
+from optax_lena._src import alias, checks, gain_ratio
 from optax_lena._src import grouping as grouping_lib
 
 
@@ -70,6 +70,8 @@ def large_batch_adamw(
     Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
     NeurIPS 2022.
   """
+  checks.check_adam_betas(b1, b2)
+  checks.check_weight_decay(weight_decay)
   inner: list[optax.GradientTransformation] = [optax.scale_by_adam(b1=b1, b2=b2, eps=adam_eps)]
   if not alias.is_zero(weight_decay):
     inner.append(alias.decayed_weights(weight_decay, weight_decay_mask))

@@ -45,9 +45,9 @@ def large_batch_sgd(
   Args:
     learning_rate: eta0 at the per-worker batch size, a float or an Optax schedule.
     rule: the gain-ratio rule.
-    momentum: mu (None or 0 for none).
+    momentum: mu in [0, 1) (None or 0 for none).
     nesterov: Nesterov momentum.
-    weight_decay: lambda, coupled (added to the gradient before momentum, as in PyTorch).
+    weight_decay: lambda >= 0, coupled (added to the gradient before momentum, as in PyTorch).
     weight_decay_mask: which leaves get weight decay: None (all), a pytree of bools shaped like
       the parameters (True: decayed) or a callable ``params -> such a pytree``, as
       ``optax.adamw(mask=)``; e.g. exclude biases and normalisation scales.
@@ -60,6 +60,8 @@ def large_batch_sgd(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
   """
+  checks.check_momentum(momentum)
+  checks.check_weight_decay(weight_decay)
   inner: list[optax.GradientTransformation] = []
   if not is_zero(weight_decay):
     inner.append(decayed_weights(weight_decay, weight_decay_mask))

@@ -74,12 +74,49 @@ def check_warmup_threshold(warmup_threshold: Any) -> None:
     "warm-up pass warmup_threshold=None to ol.lena / ol.adascale, not to layerwise_warmup)",
   )
   value = concrete_value(warmup_threshold)
-  if value is not None and not value > 0:
+  if value is not None and not (np.isfinite(value) and value > 0):
     raise ValueError(
-      f"warmup_threshold must be positive, got {value}. It is theta = alpha * T1 in "
+      f"warmup_threshold must be positive and finite, got {value}. It is theta = alpha * T1 in "
       "single-worker iterations (e.g. 0.05 * iterations of the single-worker run); pass "
       "warmup_threshold=None to disable the state-aware warm-up."
     )
+
+
+def check_momentum(momentum: Any) -> None:
+  """Momentum mu in [0, 1) (None: no momentum); a buffer with mu >= 1 never forgets a gradient
+  and grows without bound, a negative mu flips the sign of every other step's contribution."""
+  if momentum is None:
+    return
+  value = concrete_value(momentum)
+  if value is not None and not 0 <= value < 1:
+    raise ValueError(
+      f"momentum must be in [0, 1), got {value}: mu of the heavy-ball buffer m = mu m + g "
+      "(0.9 is the usual value; 0 or None for plain SGD)."
+    )
+
+
+def check_weight_decay(weight_decay: Any) -> None:
+  """Weight decay lambda: a finite number >= 0."""
+  _require(weight_decay, "weight_decay", "a number >= 0 (0 disables weight decay)")
+  value = concrete_value(weight_decay)
+  if value is not None and not (np.isfinite(value) and value >= 0):
+    raise ValueError(
+      f"weight_decay must be finite and >= 0, got {value}: lambda of the decay term lambda * w "
+      "(0 disables it; e.g. 5e-4 for SGD, 0.05 for AdamW)."
+    )
+
+
+def check_adam_betas(b1: Any, b2: Any) -> None:
+  """Adam's moment decays b1 and b2, each in [0, 1)."""
+  for name, beta, usual in (("b1", b1, "0.9"), ("b2", b2, "0.999")):
+    _require(beta, name, f"a number in [0, 1) (usually {usual})")
+    value = concrete_value(beta)
+    if value is not None and not 0 <= value < 1:
+      raise ValueError(
+        f"{name} must be in [0, 1), got {value}: Adam's decay of its "
+        f"{'first' if name == 'b1' else 'second'} moment (usually {usual}); at 1 the bias "
+        "correction divides by zero."
+      )
 
 
 def check_warmup_steps(warmup_steps: Any) -> None:

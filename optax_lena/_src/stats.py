@@ -9,6 +9,11 @@ gradients for every layer. This module computes them wherever the per-worker gra
 
 and the compositions of these (S = devices x K). All statistics are float32 whatever the gradient
 dtype, so float16 gradients whose squares leave the float16 range still give exact statistics.
+
+Under a mesh of explicit axes (``jax.sharding.AxisType.Explicit`` with ``jax.set_mesh``) the
+gradients carry their sharding in their types: the reductions here keep it (a sum over trailing
+axes, never a reshape across a sharded axis), and new arrays combined with the gradients (the
+accumulation's carry) take the gradients' types.
 """
 
 from __future__ import annotations
@@ -117,7 +122,9 @@ def stacked_grad_stats(
     acc = jnp.promote_types(g.dtype, jnp.float32)
     g32 = g.astype(acc)
     mean = jnp.mean(g32, axis=0)
-    per_worker_sq = jnp.sum(jnp.square(g32).reshape(num_stacked, -1), axis=1)
+    # A sum over the trailing axes, not a reshape to (S, -1): under an explicit-axis mesh a
+    # reshape that merges a sharded axis has no sharding type, while a reduction has one.
+    per_worker_sq = jnp.sum(jnp.square(g32), axis=tuple(range(1, g32.ndim)))
     return mean.astype(g.dtype), jnp.mean(per_worker_sq), jnp.sum(jnp.square(mean))
 
   triples = jax.tree.map(per_leaf, stacked_grads)
@@ -318,6 +325,15 @@ def accumulate_grad_stats(
       f"got {sorted(str(s) for s in sizes)}. Reshape the batch to [K, micro_batch, ...]."
     )
   k = int(next(iter(sizes)) or 0)
+  for x in leaves:
+    spec = tree_utils.explicit_spec(x)
+    if spec is not None and spec[0] is not None:
+      raise ValueError(
+        f"accumulate_grad_stats got micro_batches whose leading axis K is sharded along mesh "
+        f"axis {spec[0]!r} (type {jax.typeof(x)}); lax.scan runs the K micro-batches one "
+        "after another and needs that axis unsharded. Shard an axis of the micro-batch "
+        f"instead, e.g. jax.sharding.reshard(x, P(None, {spec[0]!r})) for [K, batch, ...]."
+      )
   grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
 
   def step(carry, batch):
@@ -329,7 +345,7 @@ def accumulate_grad_stats(
     return (grad_sum, sq_sum, value_sum), None
 
   acc_dtype = lambda x: jnp.promote_types(jnp.result_type(x), jnp.float32)
-  zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x))
+  zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x), out_sharding=tree_utils.explicit_spec(x))
   value_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), *args)[
     0
   ]
@@ -338,11 +354,13 @@ def accumulate_grad_stats(
     jnp.zeros((len(jax.tree.leaves(params)),), jnp.float32),
     jax.tree.map(zeros, value_shape),
   )
-  # Under shard_map(check_vma=True) the body's outputs vary across devices while the zeros do
-  # not; scan needs the carry's types to match, so give the zeros the body's varying axes.
+  # scan needs the carry's types to match the body's outputs: under shard_map(check_vma=True)
+  # those vary across devices while the zeros do not, and under an explicit-axis mesh they
+  # carry the gradients' sharding (which may differ from the parameters', e.g. for a loss
+  # that reshards), so give the zeros the body's varying axes and sharding.
   first = jax.tree.map(lambda x: x[0], micro_batches)
   carry_types = jax.eval_shape(step, init, first)[0]
-  init = jax.tree.map(_cast_varying_like, init, carry_types)
+  init = jax.tree.map(_cast_like, init, carry_types)
   (grad_sum, sq_sum, value_sum), _ = jax.lax.scan(step, init, micro_batches)
   mean_grads32 = jax.tree.map(lambda s: s / k, grad_sum)
   mean_grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), mean_grads32, params)
@@ -353,6 +371,11 @@ def accumulate_grad_stats(
   return value, mean_grads, stats
 
 
-def _cast_varying_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
+def _cast_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
   axes = tuple(sorted(varying_axes(like) - varying_axes(x), key=str))
-  return jax.lax.pcast(x, axes, to="varying") if axes else x
+  if axes:
+    x = jax.lax.pcast(x, axes, to="varying")
+  spec = tree_utils.explicit_spec(like)
+  if spec is not None and tree_utils.explicit_spec(x) != spec:
+    x = jax.sharding.reshard(x, spec)
+  return x

@@ -42,9 +42,18 @@ def psum_flat(tree: PyTree, axis_name: Any) -> PyTree:
   """
   leaves, treedef = jax.tree.flatten(tree)
   groups: dict[Any, list[int]] = {}
-  for i, leaf in enumerate(leaves):
-    groups.setdefault(jnp.result_type(leaf), []).append(i)
   out: list[Any] = [None] * len(leaves)
+  # A leaf sharded along an explicit mesh axis that the collective does not reduce (a model
+  # axis left out of shard_map's axis_names) cannot be flattened into a buffer without
+  # gathering it: it is summed on its own.
+  sharded = [i for i, leaf in enumerate(leaves) if explicit_spec(leaf) is not None]
+  if sharded:
+    summed = jax.lax.psum([leaves[i] for i in sharded], axis_name)
+    for i, s in zip(sharded, summed, strict=True):
+      out[i] = s
+  for i, leaf in enumerate(leaves):
+    if out[i] is None:
+      groups.setdefault(jnp.result_type(leaf), []).append(i)
   for indices in groups.values():
     flat = jax.lax.psum(jnp.concatenate([jnp.ravel(leaves[i]) for i in indices]), axis_name)
     offset = 0
@@ -54,6 +63,22 @@ def psum_flat(tree: PyTree, axis_name: Any) -> PyTree:
       out[i] = flat[offset : offset + size].reshape(shape)
       offset += size
   return jax.tree.unflatten(treedef, out)
+
+
+def explicit_spec(x: Any) -> jax.sharding.PartitionSpec | None:
+  """The sharding of ``x`` in its type under an explicit-axis mesh, else None (no constraint).
+
+  Arrays under an ``AxisType.Explicit`` mesh (``jax.set_mesh``) carry their sharding in their
+  type; a new array built to be combined with them (a ``lax.scan`` carry) must carry the same,
+  and a reshape or slice across a sharded axis needs it spelled out.
+  """
+  aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+  sharding = getattr(aval, "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if sharding is None or mesh is None or not getattr(mesh, "explicit_axes", ()):
+    return None
+  spec: Any = getattr(sharding, "spec", ())
+  return spec if any(p is not None for p in spec) else None
 
 
 def is_masked(x: Any) -> bool:

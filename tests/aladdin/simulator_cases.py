@@ -3,7 +3,10 @@
 ``python -m tests.aladdin.simulator_cases`` recomputes every case and rewrites
 ``data/simulator_golden.json`` (only ever done on a simulator known to be right: the file is the
 record that a refactoring changed no event and no number). ``test_simulator_golden.py`` compares
-a fresh run of every case with the record, exactly.
+a fresh run of every case with the record: exactly when jax and jaxlib are the versions the record
+was made with (``recorded_with``); under other versions XLA may round a float differently, so
+there the counts, times and event digests must still be equal and the trained numbers equal to
+float32 rounding accumulated over the run.
 
 The cases: the timing-only runs of the simulator tests (hand-checked clusters, shards, shared
 NICs, send buffers, jitter, the paper's cluster) and one fixed-seed training run of every
@@ -225,9 +228,19 @@ def run_training(name: str, problem: sim.Problem) -> dict[str, Any]:
   return fingerprint(result)
 
 
+VERSIONS_KEY = "_recorded_with"
+
+
+def versions() -> dict[str, str]:
+  import jaxlib
+
+  return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+
+
 def record() -> dict[str, Any]:
   problem = tiny_problem()
-  golden = {name: run_timing(name) for name in timing_cases()}
+  golden: dict[str, Any] = {VERSIONS_KEY: versions()}
+  golden.update({name: run_timing(name) for name in timing_cases()})
   golden.update({name: run_training(name, problem) for name in training_cases()})
   return golden
 

@@ -19,6 +19,7 @@ The single-process references run in this test process (8 devices, see conftest.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -285,10 +286,50 @@ def test_flags_that_cannot_work_fail_at_parse_time(capsys: pytest.CaptureFixture
     (["--num_processes=2", "--process_id=0"], "needs all three"),
     (["--coordinator_address=nohostport", "--num_processes=2", "--process_id=0"], "host:port"),
     (["--distributed=off", "--num_processes=2"], "contradicts"),
+    (["--coordinator_address=127.0.0.1:70000", "--num_processes=2", "--process_id=0"], "1..65535"),
   ]:
     with pytest.raises(SystemExit):
       cli.parse_args([*COMMON, "--workdir", "x", *flags])
     assert message in capsys.readouterr().err, flags
+
+
+LISTEN = """
+import json, sys
+from examples.lena import distributed
+port = int(sys.argv[1])
+distributed.initialize(distributed.DistributedOptions(
+  coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0))
+listening = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+  for line in open(table).read().splitlines()[1:]:
+    local, state = line.split()[1], line.split()[3]
+    address, hex_port = local.rsplit(":", 1)
+    if state == "0A" and int(hex_port, 16) == port:
+      listening.append(address)
+print(json.dumps(listening))
+"""
+
+
+def test_a_loopback_coordinator_listens_on_loopback_only(tmp_path: Path, cache_dir: str) -> None:
+  assert distributed.bind_address("127.0.0.1:5") == "127.0.0.1:5"
+  assert distributed.bind_address("localhost:5") == "127.0.0.1:5"
+  assert distributed.bind_address("[::1]:5") == "[::1]:5"
+  assert distributed.bind_address("10.0.0.1:5") is None  # other machines must reach it
+  assert distributed.bind_address("node-3:5") is None
+  port = _free_port()
+  out = subprocess.run(
+    [sys.executable, "-c", LISTEN, str(port)],
+    env=_env(cache_dir),
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  listening = json.loads(out.stdout.strip().splitlines()[-1])
+  # 127.0.0.1, as IPv4 or IPv4-mapped IPv6 (::ffff:127.0.0.1): never 0.0.0.0 or [::].
+  loopback = {"0100007F", "0000000000000000FFFF00000100007F"}
+  assert listening and set(listening) <= loopback, listening
 
 
 def test_launcher_detection(monkeypatch: pytest.MonkeyPatch) -> None:

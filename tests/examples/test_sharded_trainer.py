@@ -68,3 +68,21 @@ def test_model_parallel_errors(cache_dir: str) -> None:
     parallel.create("pmap", parallel.BatchLayout(8, 4, 2, 2), lambda *a: a, lambda *a: a)
   with pytest.raises(configs.ConfigError, match="model_parallel must be >= 1"):
     train.validate_config(_config(cache_dir, model_parallel=0))
+
+
+def test_explicit_sharding_mode_matches_auto(tmp_path: Path, cache_dir: str, unsharded) -> None:
+  """``sharding_mode='explicit'``: GSPMD on a mesh of explicit axes (the statistics, optimizer
+  and reductions typed by their shardings) gives the parameters of the Auto-mesh run."""
+  config = _config(cache_dir, num_devices=4, parallel="gspmd", sharding_mode="explicit")
+  state = train.train_and_evaluate(config, tmp_path)
+  kernel = state.params["Conv_0"]["kernel"]
+  assert kernel.sharding.mesh.axis_types == (jax.sharding.AxisType.Explicit,)
+  assert all(axis is None for axis in jax.typeof(kernel).sharding.spec)  # replicated, in type
+  for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(unsharded), strict=True):
+    scale = float(np.max(np.abs(b)))
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * scale)
+  layout, fn = parallel.BatchLayout(8, 4, 2), lambda *a: a
+  with pytest.raises(configs.ConfigError, match="sharding_mode='explicit' runs the jit"):
+    parallel.create("shard_map", layout, fn, fn, "explicit")
+  with pytest.raises(configs.ConfigError, match="Unknown sharding_mode 'manual'"):
+    parallel.create("gspmd", layout, fn, fn, "manual")

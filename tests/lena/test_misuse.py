@@ -193,6 +193,22 @@ def test_diagnostics_without_optax_lena_state():
     (lambda: ol.scale_by_learning_rate(0.1, clock="epochs"), "Unknown clock"),
     (lambda: ol.GainRatioRule(grouping="layer"), "Unknown grouping"),
     (lambda: ol.scale_by_lena(grouping="modules"), "Unknown grouping"),
+    (lambda: ol.lena(0.1, momentum=1.5), r"momentum must be in \[0, 1\), got 1.5"),
+    (lambda: ol.lena(0.1, momentum=-0.1), r"momentum must be in \[0, 1\)"),
+    (lambda: ol.adascale(0.1, momentum=1.0), r"momentum must be in \[0, 1\)"),
+    (lambda: ol.large_batch_sgd(0.1, ol.lena_rule(), momentum=2), r"momentum must be in \[0, 1"),
+    (lambda: ol.lena(0.1, weight_decay=-1e-4), "weight_decay must be finite and >= 0"),
+    (lambda: ol.linear_scaling(0.1, weight_decay=float("nan")), "weight_decay must be finite"),
+    (lambda: ol.lena_adamw(1e-3, weight_decay=float("inf")), "weight_decay must be finite"),
+    (
+      lambda: ol.lena(0.1, warmup_threshold=float("inf")),
+      "warmup_threshold must be positive and finite",
+    ),
+    (lambda: ol.layerwise_warmup(float("inf")), "warmup_threshold must be positive and finite"),
+    (lambda: ol.lena_adamw(1e-3, b1=1.0), r"b1 must be in \[0, 1\), got 1.0"),
+    (lambda: ol.adascale_adamw(1e-3, b2=1.5), r"b2 must be in \[0, 1\)"),
+    (lambda: ol.linear_scaling_adamw(1e-3, b1=-0.1), r"b1 must be in \[0, 1\)"),
+    (lambda: ol.large_batch_adamw(1e-3, ol.lena_rule(), b2=float("nan")), r"b2 must be in"),
   ],
 )
 def test_bad_hyperparameter_values_on_every_entry_point(build, match):

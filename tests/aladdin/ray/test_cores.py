@@ -197,3 +197,26 @@ def test_pinning_asks_for_the_pool_it_pins() -> None:
     ad.Config(algorithm=helpers.spec("aladdin"), pin_compute=True)
   with pytest.raises(ValueError, match="pin_compute must be None or a bool"):
     ad.Config(algorithm=helpers.spec("aladdin"), pin_compute="yes")  # type: ignore[arg-type]
+
+
+def test_core_locks_live_in_a_private_directory_and_never_follow_links(tmp_path: Path) -> None:
+  private = cores.private_directory(tmp_path)
+  assert private == tmp_path / f"optax_lena-{os.getuid()}"
+  assert private.stat().st_mode & 0o777 == 0o700
+  assert cores.private_directory(tmp_path) == private  # reused as it is
+  # A planted link instead of a lock file: that core is skipped, the link's target never made.
+  target = tmp_path / "planted"
+  (private / f"core{CPUS[0]}.lock").symlink_to(target)
+  claim = cores.claim_cores(1, private)
+  assert (claim is not None and claim.cores == (CPUS[1],)) if len(CPUS) > 2 else claim is None
+  assert not target.exists()
+  if claim is not None:
+    claim.release()
+  # What another user could plant or open up is refused as a whole: no pinning, no crash.
+  os.chmod(private, 0o755)
+  assert cores.private_directory(tmp_path) is None
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / f"optax_lena-{os.getuid()}").symlink_to(private)
+  assert cores.private_directory(other) is None
+  assert cores.private_directory(tmp_path / "missing" / "parent") is None

@@ -7,7 +7,9 @@ import contextlib
 import logging
 import os
 import socket
+import stat
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
@@ -151,7 +153,34 @@ def connect(
       _system_config=LOCAL_SYSTEM_CONFIG,
       **kwargs,
     )
+  tighten_local_files()
   return True
+
+
+def _make_private(path: Path, mode: int) -> None:
+  """``chmod path mode`` if ``path`` is this user's own file or directory (never a link)."""
+  with contextlib.suppress(OSError):
+    info = os.lstat(path)
+    if info.st_uid == os.getuid() and not stat.S_ISLNK(info.st_mode):
+      os.chmod(path, mode)
+
+
+def tighten_local_files() -> None:
+  """Closes what Ray leaves open to other local users of a node this process started.
+
+  On loopback the token is the only barrier between another local user and the cluster, and Ray
+  writes it world-readable (``~/.ray/auth_token``, 0644 in a 0755 directory) and makes its
+  session directory (its sockets and logs) 0777: both become the user's own (0600 / 0700).
+  """
+  import ray
+
+  token = Path.home() / ".ray" / "auth_token"
+  _make_private(token.parent, 0o700)
+  _make_private(token, 0o600)
+  node = getattr(ray._private.worker, "_global_node", None)  # private: skipped if it moves
+  session = getattr(node, "get_session_dir_path", None)
+  if session is not None:
+    _make_private(Path(session()), 0o700)
 
 
 def gcs_reachable(timeout: float = 2.0) -> bool:

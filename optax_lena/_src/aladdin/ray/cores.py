@@ -12,14 +12,19 @@ so that its work overlaps the step instead of taking turns with it) runs on the 
 Which cores a worker takes is decided on its node, without the driver: a worker claims a free
 core by taking an exclusive ``flock`` on a per-core lock file, which the OS releases when the
 process ends (a crash or a restart included), so two pinned workers of any runtime on one machine
-never share a core, and the last core of the node is never claimed.
+never share a core, and the last core of the node is never claimed. The lock files live in a
+directory of the user's own (mode 0700, checked to be theirs and not a link) and are opened without
+following links: another local user can neither pre-create nor hold them, and any failure to open
+or lock one means only that the core is not claimable (logged; the worker runs unpinned).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -67,8 +72,60 @@ def set_affinity(tids: Iterable[int], cpus: Iterable[int]) -> None:
       os.sched_setaffinity(tid, cpus)
 
 
-def _lock_directory() -> Path:
-  return Path(tempfile.gettempdir())
+_log = logging.getLogger(__name__)
+
+
+def private_directory(parent: Path | None = None) -> Path | None:
+  """A directory only this user can enter: ``optax_lena-<uid>`` under ``parent`` (default: the
+  temp directory), created with mode 0700 if missing. None (logged) where it cannot be made, or
+  where what is there is a link, not a directory, another user's, or open to others."""
+  uid = os.getuid()
+  try:
+    parent = parent or Path(tempfile.gettempdir())
+  except OSError as error:  # no usable temp directory at all
+    _log.warning("no temp directory for core locks (%s): steps are not pinned", error)
+    return None
+  path = parent / f"optax_lena-{uid}"
+  try:
+    os.mkdir(path, 0o700)
+  except FileExistsError:
+    pass  # checked below, like a new one
+  except OSError as error:
+    _log.warning("cannot create %s (%s): steps are not pinned", path, error)
+    return None
+  try:
+    info = os.lstat(path)
+  except OSError as error:
+    _log.warning("cannot read %s (%s): steps are not pinned", path, error)
+    return None
+  if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
+    _log.warning(
+      "%s is not a private directory of uid %d (a link, a file, another owner, or open to others;"
+      " remove it): steps are not pinned",
+      path,
+      uid,
+    )
+    return None
+  return path
+
+
+def _open_lock(path: Path) -> int | None:
+  """The descriptor of the lock file ``path`` locked exclusively, or None: held by another
+  process, or not openable (a link, another user's file, no permission...)."""
+  import fcntl  # POSIX only, like the affinity calls
+
+  flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+  try:
+    fd = os.open(path, flags, 0o600)
+  except OSError as error:
+    _log.warning("core lock %s cannot be opened (%s): that core is not claimed", path, error)
+    return None
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:  # held by another process (or a file system without flock)
+    os.close(fd)
+    return None
+  return fd
 
 
 @dataclasses.dataclass
@@ -91,21 +148,17 @@ def claim_cores(count: int, directory: Path | None = None) -> CoreClaim | None:
   holds, never the last one; None (nothing held) if there are not that many free."""
   if count < 1 or not hasattr(os, "sched_getaffinity"):
     return None
-  import fcntl  # POSIX only, like the affinity calls
-
+  directory = directory or private_directory()
+  if directory is None:
+    return None
   cpus = sorted(os.sched_getaffinity(0))
-  directory = directory or _lock_directory()
   fds: list[int] = []
   cores: list[int] = []
   for cpu in cpus[:-1]:
     if len(cores) == count:
       break
-    path = directory / f"optax_lena-{os.getuid()}-core{cpu}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # held by another process
-      os.close(fd)
+    fd = _open_lock(directory / f"core{cpu}.lock")
+    if fd is None:
       continue
     fds.append(fd)
     cores.append(cpu)

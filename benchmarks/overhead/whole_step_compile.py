@@ -1,0 +1,216 @@
+"""Compile time of a whole training step, per optimizer, against SGD-momentum.
+
+Run from the repository root::
+
+  python -m benchmarks.overhead.whole_step_compile [--models resnet18,mlp50,mlp250] [--out DIR]
+
+The step is what a user jits: forward and backward of S = 4 per-worker batches
+(``jax.vmap(jax.grad(loss))``), then ``ol.stacked_grad_stats`` and the update for the optimizers
+that take statistics (LENA, AdaScale, LSW), or the mean gradient and the update for the others
+(SGD-momentum, ``optax.lars``, ``optax.lamb``), then ``optax.apply_updates``. Each optimizer's
+step is built afresh and timed as ``jax.jit(step).lower(...).compile()`` on abstract inputs;
+every optimizer is compiled ``--repeats`` times (default 2), interleaved in alternating order
+in one process, and the best time counts. Models: ResNet-18 at CIFAR shapes
+(``examples.models.ResNet18``, 62 leaves, BatchNorm in inference mode) and MLPs with LayerNorm
+of depth D (``mlpD``: 4 D + 2 leaves, width 32).
+
+Writes ``whole_step_compile.json`` and ``whole_step_compile.png`` to ``--out`` (with
+``--tag``, ``whole_step_compile_TAG.*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import optax_lena as ol
+from benchmarks import harness
+from benchmarks.overhead.common import optimizers
+from benchmarks.overhead.state_and_compile import kernel_counts
+
+PyTree = Any
+NUM_SAMPLES = 4
+PER_WORKER_BATCH = 8
+ORDER = ("sgd_momentum", "lars", "lamb", "adascale", "linear_scaling", "lena")
+
+
+def layernorm_mlp(depth: int, width: int = 32, num_classes: int = 10):
+  """A flax MLP of ``depth`` Dense + LayerNorm + ReLU layers and a Dense head (4 D + 2 leaves)."""
+  import flax.linen as nn
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for _ in range(depth):
+        x = nn.relu(nn.LayerNorm()(nn.Dense(width)(x)))
+      return nn.Dense(num_classes)(x)
+
+  return MLP(), (width,)
+
+
+def model_for(name: str):
+  """(apply(params, x) -> logits, params shapes, one example's input shape) of a model name."""
+  if name == "resnet18":
+    from examples.models import ResNet18
+
+    model, in_shape = ResNet18(num_classes=10), (32, 32, 3)
+    variables = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *in_shape)), train=False)
+    )
+    extra = {k: v for k, v in variables.items() if k != "params"}
+
+    def apply(params, x):
+      # BatchNorm in inference mode: the statistics are constants of the step (their update
+      # would be the same for every optimizer).
+      consts = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), extra)
+      return model.apply({"params": params, **consts}, x, train=False)
+
+    return apply, variables["params"], in_shape
+  if name.startswith("mlp"):
+    model, in_shape = layernorm_mlp(int(name[3:]))
+    variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *in_shape))))
+    return (lambda p, x: model.apply({"params": p}, x)), variables["params"], in_shape
+  raise ValueError(f"unknown model {name!r}: resnet18 or mlpD (D layers)")
+
+
+def make_step(apply, tx: optax.GradientTransformation, uses_stats: bool):
+  def loss(params, x, y):
+    logits = apply(params, x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+  def step(params, opt_state, x, y):
+    stacked = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, x, y)
+    if uses_stats:
+      mean, stats = ol.stacked_grad_stats(stacked)
+      updates, opt_state = tx.update(mean, opt_state, params, grad_stats=stats)
+    else:
+      mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), stacked)
+      updates, opt_state = tx.update(mean, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return step
+
+
+def compile_once(model: str, name: str) -> dict[str, float]:
+  """Builds ``model``'s step for optimizer ``name`` from scratch and compiles it once."""
+  apply, params, in_shape = model_for(model)
+  tx, uses_stats = optimizers(NUM_SAMPLES)[name]
+  state = jax.eval_shape(tx.init, params)
+  x = jax.ShapeDtypeStruct((NUM_SAMPLES, PER_WORKER_BATCH, *in_shape), jnp.float32)
+  y = jax.ShapeDtypeStruct((NUM_SAMPLES, PER_WORKER_BATCH), jnp.int32)
+  start = time.perf_counter()
+  lowered = jax.jit(make_step(apply, tx, uses_stats), donate_argnums=(0, 1)).lower(
+    params, state, x, y
+  )
+  mid = time.perf_counter()
+  compiled = lowered.compile()
+  end = time.perf_counter()
+  kernels, distinct = kernel_counts(compiled.as_text() or "")
+  return {
+    "seconds": end - start,
+    "compile_seconds": end - mid,
+    "kernels": kernels,
+    "distinct_kernels": distinct,
+  }
+
+
+def bench(
+  models: Sequence[str], names: Sequence[str] = ORDER, repeats: int = 2
+) -> list[dict[str, Any]]:
+  rows = []
+  for model in models:
+    leaves = len(jax.tree.leaves(model_for(model)[1]))
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for i in range(repeats):
+      for name in names if i % 2 == 0 else names[::-1]:
+        runs[name].append(compile_once(model, name))
+        print(f"  {model} ({leaves} leaves) {name}: {runs[name][-1]['seconds']:.2f} s", flush=True)
+    best = {name: min(r["seconds"] for r in runs[name]) for name in names}
+    row: dict[str, Any] = {"model": model, "leaves": leaves}
+    for name in names:
+      row[name] = {
+        "best_s": best[name],
+        "all_s": [r["seconds"] for r in runs[name]],
+        "ratio_vs_sgd_momentum": best[name] / best["sgd_momentum"],
+        "kernels": runs[name][-1]["kernels"],
+        "distinct_kernels": runs[name][-1]["distinct_kernels"],
+      }
+    rows.append(row)
+    print(
+      f"{model} ({leaves} leaves): "
+      + ", ".join(f"{n} {row[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names),
+      flush=True,
+    )
+  return rows
+
+
+def plot(rows: list[dict[str, Any]], names: Sequence[str], path: Path, title: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4))
+  labels = [f"{r['model']}\n({r['leaves']} leaves)" for r in rows]
+  width = 0.8 / len(names)
+  for j, name in enumerate(names):
+    ax.bar(
+      [i + j * width for i in range(len(rows))],
+      [r[name]["ratio_vs_sgd_momentum"] for r in rows],
+      width,
+      label=name,
+    )
+  ax.axhline(1.0, color="k", lw=0.8)
+  ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels)
+  ax.set_ylabel("whole-step compile time / SGD-momentum")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--models", default="resnet18,mlp50,mlp250")
+  parser.add_argument("--optimizers", default=",".join(ORDER))
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--tag", default="")
+  parser.add_argument("--out", type=Path, default=Path("benchmarks/overhead/results"))
+  args = parser.parse_args(argv)
+  names = args.optimizers.split(",")
+  if names[0] != "sgd_momentum":
+    raise SystemExit("--optimizers must start with sgd_momentum (the baseline)")
+  command = "python -m benchmarks.overhead.whole_step_compile " + " ".join(
+    sys.argv[1:] if argv is None else argv
+  )
+  print(f"{command.strip()} on {harness.machine_info()}", flush=True)
+  start = time.perf_counter()
+  rows = bench(args.models.split(","), names, args.repeats)
+  stem = "whole_step_compile" + (f"_{args.tag}" if args.tag else "")
+  args.out.mkdir(parents=True, exist_ok=True)
+  harness.write_json(
+    args.out / f"{stem}.json",
+    {
+      "command": command.strip(),
+      "machine": harness.machine_info(),
+      "load_average": list(__import__("os").getloadavg()),
+      "num_samples": NUM_SAMPLES,
+      "repeats": args.repeats,
+      "seconds": time.perf_counter() - start,
+      "rows": rows,
+    },
+  )
+  plot(rows, names, args.out / f"{stem}.png", f"{command.strip()}\n(best of {args.repeats})")
+
+
+if __name__ == "__main__":
+  main()
