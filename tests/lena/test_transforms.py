@@ -428,8 +428,11 @@ def distinct_fused_kernels(num_leaves):
   return len({re.sub(r"%[\w.\-]+", "%", re.sub(r", metadata=\{[^}]*\}", "", b)) for b in bodies})
 
 
-def test_per_leaf_kernels_are_shared_by_leaves_of_one_shape():
+def test_per_leaf_kernels_are_shared_by_leaves_of_one_shape(monkeypatch):
   """The ratio and warm-up factor reach each leaf's kernel as its own scalar, not as a slice at
   a constant offset (which made every leaf's kernel distinct, one compile of each): tripling
   the leaves of one shape adds at most a few kernels (the split of the per-leaf vectors)."""
+  from optax_lena._src import gain_ratio
+
+  monkeypatch.setattr(gain_ratio, "UNSTACK_MIN_LEAVES", 2)  # the split, at a cheap size
   assert distinct_fused_kernels(24) <= distinct_fused_kernels(8) + 4
