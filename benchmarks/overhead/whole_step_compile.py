@@ -14,13 +14,17 @@ in one process, and the best time counts. Models: ResNet-18 at CIFAR shapes
 (``examples.models.ResNet18``, 62 leaves, BatchNorm in inference mode) and MLPs with LayerNorm
 of depth D (``mlpD``: 4 D + 2 leaves, width 32).
 
-Writes ``whole_step_compile.json`` and ``whole_step_compile.png`` to ``--out`` (with
-``--tag``, ``whole_step_compile_TAG.*``).
+Writes ``whole_step_compile.md`` (the table), ``whole_step_compile.json`` and
+``whole_step_compile.png`` to ``--out`` (with ``--tag``, ``whole_step_compile_TAG.*``). The
+ratios are the figures of record; the seconds are context (they depend on the machine and its
+load, which the files record: the load average before and after the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +44,14 @@ PyTree = Any
 NUM_SAMPLES = 4
 PER_WORKER_BATCH = 8
 ORDER = ("sgd_momentum", "lars", "lamb", "adascale", "linear_scaling", "lena")
+LABELS = {
+  "sgd_momentum": "SGD-m",
+  "lars": "optax.lars",
+  "lamb": "optax.lamb",
+  "adascale": "AdaScale",
+  "linear_scaling": "LSW",
+  "lena": "LENA",
+}
 
 
 def layernorm_mlp(depth: int, width: int = 32, num_classes: int = 10):
@@ -152,6 +164,29 @@ def bench(
   return rows
 
 
+def table(rows: list[dict[str, Any]], names: Sequence[str]) -> str:
+  """The markdown table: per model, each optimizer's best compile time / SGD-momentum's."""
+  head = "| model | leaves | " + " | ".join(f"{LABELS.get(n, n)} / SGD-m" for n in names[1:])
+  head += " | SGD-m (s) | distinct kernels: " + ", ".join(LABELS.get(n, n) for n in names) + " |"
+  lines = [head, "|" + "---|" * (len(names) + 3)]
+  for r in rows:
+    ratios = " | ".join(f"{r[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names[1:])
+    kernels = ", ".join(str(r[n]["distinct_kernels"]) for n in names)
+    lines.append(
+      f"| {r['model']} | {r['leaves']} | {ratios} | {r['sgd_momentum']['best_s']:.2f} | {kernels} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def check_rows(rows: list[dict[str, Any]], names: Sequence[str]) -> None:
+  """Every optimizer has a positive finite ratio in every row (a failed compile would not)."""
+  for r in rows:
+    for n in names:
+      ratio = r[n]["ratio_vs_sgd_momentum"]
+      if not (math.isfinite(ratio) and ratio > 0):
+        raise RuntimeError(f"{r['model']} {n}: ratio {ratio}")
+
+
 def plot(rows: list[dict[str, Any]], names: Sequence[str], path: Path, title: str) -> None:
   import matplotlib
 
@@ -166,7 +201,7 @@ def plot(rows: list[dict[str, Any]], names: Sequence[str], path: Path, title: st
       [i + j * width for i in range(len(rows))],
       [r[name]["ratio_vs_sgd_momentum"] for r in rows],
       width,
-      label=name,
+      label=LABELS.get(name, name),
     )
   ax.axhline(1.0, color="k", lw=0.8)
   ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels)
@@ -192,24 +227,41 @@ def main(argv: Sequence[str] | None = None) -> None:
   command = "python -m benchmarks.overhead.whole_step_compile " + " ".join(
     sys.argv[1:] if argv is None else argv
   )
-  print(f"{command.strip()} on {harness.machine_info()}", flush=True)
+  command = command.strip()
+  machine = harness.machine_info()
+  print(f"{command} on {machine}", flush=True)
+  load_before = [round(x, 2) for x in os.getloadavg()]
   start = time.perf_counter()
   rows = bench(args.models.split(","), names, args.repeats)
+  seconds = time.perf_counter() - start
+  load_after = [round(x, 2) for x in os.getloadavg()]
+  check_rows(rows, names)
   stem = "whole_step_compile" + (f"_{args.tag}" if args.tag else "")
   args.out.mkdir(parents=True, exist_ok=True)
   harness.write_json(
     args.out / f"{stem}.json",
     {
-      "command": command.strip(),
-      "machine": harness.machine_info(),
-      "load_average": list(__import__("os").getloadavg()),
+      "command": command,
+      "machine": machine,
+      "load_average_before": load_before,
+      "load_average_after": load_after,
       "num_samples": NUM_SAMPLES,
       "repeats": args.repeats,
-      "seconds": time.perf_counter() - start,
+      "seconds": seconds,
       "rows": rows,
     },
   )
-  plot(rows, names, args.out / f"{stem}.png", f"{command.strip()}\n(best of {args.repeats})")
+  markdown = (
+    f"Command: `{command}` ({seconds:.0f} s). Machine: {machine['cpu']}, "
+    f"{machine['cpu_cores']} cores, jax {machine['jax']}, optax {machine['optax']}; load "
+    f"average (1, 5, 15 min) {load_before} before, {load_after} after. Whole-step "
+    f"`jax.jit(step).lower(...).compile()`, S = {NUM_SAMPLES}, best of {args.repeats} fresh "
+    "compiles per optimizer, interleaved in one process; ratios are of record, seconds are "
+    "context.\n\n" + table(rows, names)
+  )
+  (args.out / f"{stem}.md").write_text(markdown)
+  print(markdown, flush=True)
+  plot(rows, names, args.out / f"{stem}.png", f"{command}\n(best of {args.repeats})")
 
 
 if __name__ == "__main__":

@@ -276,6 +276,11 @@ def advance_gain_ratio(
   )
 
 
+def is_uniform(rule: GainRatioRule, updates: PyTree) -> bool:
+  """Whether the rule gives every leaf the same ratio (linear scaling, one group)."""
+  return not rule.adaptive or grouping_lib.resolve_groups(rule.grouping, updates).num_groups == 1
+
+
 def rate_multiplier(ratio: jax.Array, power: Any) -> jax.Array:
   """``ratio ** power``, and exactly the ratio at power 1 (bitwise the paper's rule), also when
   the power is an array (``optax.inject_hyperparams``)."""
@@ -285,9 +290,32 @@ def rate_multiplier(ratio: jax.Array, power: Any) -> jax.Array:
   return jnp.where(power == 1.0, ratio, jnp.power(ratio, power))
 
 
-def scale_active_leaves(updates: PyTree, factors: jax.Array) -> PyTree:
-  """Multiplies the k-th active leaf of ``updates`` by ``factors[k]`` (in float32, then back)."""
-  return tree_utils.map_active_indexed(lambda k, u: (u * factors[k]).astype(u.dtype), updates)
+# From this many leaves on, the per-leaf factors are split into separate scalars (one kernel per
+# leaf shape) rather than sliced at constant offsets (one kernel per leaf). The split adds about
+# 2 + 2 sqrt(leaves) small kernels to every step: on CPU it cost 5-7% of the update-only time
+# of SGD-momentum at ResNet-18 (62 leaves), where it saved no compile time (every ResNet-18
+# leaf has nearly its own shape); at 202 leaves of few shapes it cut compile time by 40%
+# (benchmarks/overhead/RESULTS.md, section (g)).
+UNSTACK_MIN_LEAVES = 128
+
+
+def scale_active_leaves(updates: PyTree, factors: jax.Array, uniform: bool = False) -> PyTree:
+  """Multiplies the k-th active leaf of ``updates`` by ``factors[k]`` (in float32, then back).
+
+  From ``UNSTACK_MIN_LEAVES`` leaves on, the factors reach the leaves' kernels as separate
+  scalars (``tree_utils.unstack_scalars``), not as slices of the vector at constant offsets: the
+  kernels are then the same for all leaves of one shape and XLA compiles each once, as for
+  SGD-momentum. The values are the same either way (bitwise). ``uniform=True`` says that all
+  entries are equal (a global rule): every leaf then reads ``factors[0]``.
+  """
+  n = factors.shape[0]
+  if uniform and n > 0:
+    scalars = [factors[0]] * n
+  elif n >= UNSTACK_MIN_LEAVES:
+    scalars = tree_utils.unstack_scalars(factors)
+  else:
+    scalars = tree_utils.unpack_scalars(factors)
+  return tree_utils.map_active_indexed(lambda k, u: (u * scalars[k]).astype(u.dtype), updates)
 
 
 def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtraArgs:
@@ -310,7 +338,7 @@ def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtr
     checks.check_updates_like(updates, params, "parameter")
     new_state = advance_gain_ratio(state, rule, updates, grad_stats)
     multiplier = rate_multiplier(new_state.ratio, rule.power)
-    return scale_active_leaves(updates, multiplier), new_state
+    return scale_active_leaves(updates, multiplier, is_uniform(rule, updates)), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

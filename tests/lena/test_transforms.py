@@ -392,3 +392,47 @@ def test_state_can_be_donated_to_a_jitted_step(make):
   for t in range(3):
     params, state = donated(params, state, worker_grads(8, t))
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+
+
+# -- per-leaf scalars without per-leaf kernels ------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 17])
+def test_unstack_scalars_is_bitwise_indexing(n):
+  from optax_lena._src import tree_utils
+
+  values = (np.random.RandomState(n).randn(n) * 10.0 ** np.arange(n)).astype(np.float32)
+  special = np.asarray([-0.0, np.inf, -np.inf, np.nan, 1e-45], np.float32)
+  values[: min(n, 5)] = special[: min(n, 5)]
+  out = jax.jit(tree_utils.unstack_scalars)(jnp.asarray(values))
+  assert len(out) == n
+  got = np.asarray([np.asarray(x) for x in out], np.float32).reshape(n)
+  np.testing.assert_array_equal(got.view(np.uint32), values.view(np.uint32))  # bits, sign of 0
+
+
+def distinct_fused_kernels(num_leaves):
+  """Distinct fused computations in LENA's compiled update over leaves of one shape."""
+  import re
+
+  tx = ol.lena(0.1, weight_decay=5e-4, warmup_threshold=50.0)
+  params = [jnp.zeros((8,))] * num_leaves
+  stats = ol.GradStats([jnp.ones(())] * num_leaves, 4, [jnp.ones(())] * num_leaves)
+  state = jax.eval_shape(tx.init, params)
+  text = (
+    jax.jit(lambda p, s, g: tx.update(g, s, p, grad_stats=stats))
+    .lower(params, state, params)
+    .compile()
+    .as_text()
+  )
+  bodies = re.findall(r"^%fused\S* \(.*?\) -> .*? \{\n(.*?)\n\}", text, re.M | re.S)
+  return len({re.sub(r"%[\w.\-]+", "%", re.sub(r", metadata=\{[^}]*\}", "", b)) for b in bodies})
+
+
+def test_per_leaf_kernels_are_shared_by_leaves_of_one_shape(monkeypatch):
+  """The ratio and warm-up factor reach each leaf's kernel as its own scalar, not as a slice at
+  a constant offset (which made every leaf's kernel distinct, one compile of each): tripling
+  the leaves of one shape adds at most a few kernels (the split of the per-leaf vectors)."""
+  from optax_lena._src import gain_ratio
+
+  monkeypatch.setattr(gain_ratio, "UNSTACK_MIN_LEAVES", 2)  # the split, at a cheap size
+  assert distinct_fused_kernels(24) <= distinct_fused_kernels(8) + 4
