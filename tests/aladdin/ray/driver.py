@@ -12,8 +12,10 @@ cluster is lost; 130 / 143 once everything is down after SIGINT / SIGTERM, at an
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -68,6 +70,72 @@ def _two_nodes(cluster_cls: type, attempts: int = 3) -> tuple:
   raise AssertionError("unreachable")
 
 
+def _rings_of(run: str) -> list[str]:
+  from optax_lena._src.aladdin.ray import channel
+
+  return sorted(glob.glob(os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{run}-*")))
+
+
+def _wait_dead(pids: list[int], timeout: float = 90.0) -> bool:
+  import psutil
+
+  deadline = time.time() + timeout
+  while any(psutil.pid_exists(p) for p in pids) and time.time() < deadline:
+    time.sleep(0.5)
+  return not any(psutil.pid_exists(p) for p in pids)
+
+
+def _rings_away_from_the_driver(address: str) -> dict[str, object]:
+  """Workers and shards on the node that is not the driver's: a driver SIGKILLed while its
+  rings exist, then a run whose start-up sweeps the dead run's rings and whose shutdown
+  removes its own on that node."""
+  away = {"server_resources": {"aladdin_workers": 1}, "worker_resources": {"aladdin_workers": 1}}
+  child = subprocess.Popen(
+    [sys.executable, "-m", "tests.aladdin.ray.driver", "ringchild", address],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  assert child.stdout is not None
+  line = child.stdout.readline()
+  killed_run = line.split()[1] if line.startswith("RUNNING") else ""
+  before_kill = _rings_of(killed_run) if killed_run else []
+  child.kill()
+  child.wait(timeout=60)
+  pids = [int(os.path.basename(p).split("-")[-2]) for p in before_kill]
+  workers_gone = _wait_dead(pids)
+  left_by_kill = _rings_of(killed_run) if killed_run else []
+  config = ad.Config(
+    algorithm=helpers.spec("aladdin"), num_workers=2, ps_shards=2, deterministic=True, **away
+  )
+  with ad.Runtime(helpers.make_task(), config) as runtime:
+    result = runtime.run(iterations=ITERATIONS, progress=False)
+    rings_during = _rings_of(runtime.run_name)
+    after_start = _rings_of(killed_run) if killed_run else ["no run"]
+  return {
+    "killed_run_started": bool(killed_run),
+    "rings_before_kill": len(before_kill),
+    "killed_workers_gone": workers_gone,
+    "rings_left_by_kill": len(left_by_kill),
+    "killed_rings_after_next_start": len(after_start),
+    "rings_during": len(rings_during),
+    "rings_after_shutdown": len(_rings_of(runtime.run_name)),
+    "removed_on_nodes": sorted(runtime.rings_removed),
+    "away_rings": [w["shared_memory"] for w in result.workers],
+    "away_nodes": sorted({a["node_id"] for a in [*result.workers, *result.shards]}),
+  }
+
+
+def ring_child(address: str) -> int:
+  """The driver that ``_rings_away_from_the_driver`` SIGKILLs once its rings exist."""
+  ad.connect(address=address)
+  away = {"server_resources": {"aladdin_workers": 1}, "worker_resources": {"aladdin_workers": 1}}
+  config = ad.Config(algorithm=helpers.spec("aladdin"), num_workers=2, ps_shards=2, **away)
+  runtime = ad.Runtime(helpers.make_task(), config)
+  print("RUNNING", runtime.run_name, flush=True)
+  runtime.run(300, progress=False)
+  return 1
+
+
 def multinode(out: str) -> None:
   from ray.cluster_utils import Cluster
 
@@ -81,6 +149,7 @@ def multinode(out: str) -> None:
     multi, shard_nodes, worker_nodes, multi_rings = _deterministic(
       server_resources={"aladdin_ps": 1}, worker_resources={"aladdin_workers": 1}
     )
+    away = _rings_away_from_the_driver(cluster.address)
     ray.shutdown()
   finally:
     cluster.shutdown()
@@ -91,7 +160,8 @@ def multinode(out: str) -> None:
   )
   nodes = {"head": head.node_id, "other": other.node_id}
   rings = {"single_rings": single_rings, "multi_rings": multi_rings}
-  print(json.dumps({**nodes, "shard_nodes": shard_nodes, "worker_nodes": worker_nodes, **rings}))
+  placement = {"shard_nodes": shard_nodes, "worker_nodes": worker_nodes}
+  print(json.dumps({**nodes, **placement, **rings, "away": away}))
 
 
 def _runtime(config: ad.Config, temp_dir: str, attempts: int = 3) -> ad.Runtime:
@@ -148,6 +218,8 @@ def main() -> int:
   try:
     if sys.argv[1] == "slow_stop":
       return slow_stop(sys.argv[2])
+    if sys.argv[1] == "ringchild":
+      return ring_child(sys.argv[2])
     if sys.argv[1] == "multinode":
       multinode(sys.argv[2])
       return 0

@@ -7,6 +7,8 @@ import dataclasses
 import itertools
 import os
 import random
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -69,6 +71,58 @@ def test_rings_are_bounded_and_removed_by_run(run: str) -> None:
   assert not os.path.exists(mine.path) and os.path.exists(other.path)
   channel.remove_rings(other_run)
   assert not os.path.exists(other.path)
+
+
+def test_a_shard_maps_only_its_own_regular_ring_files_and_says_why(run: str) -> None:
+  ring = channel.open_ring(run, 0, regions=1, rows=2, reply_rows=1, size=6, dtype=np.float32)
+  assert ring is not None
+  rows = ring.rows(0, 2, 0, 3)
+  link = os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{run}-link")
+  os.symlink(ring.path, link)
+  planted = dataclasses.replace(rows, path=link)
+  shard = channel.Mapped(size=3, dtype=np.float32, max_rows=2)
+  assert shard.valid(planted)  # its fields are fine: the file is what is refused
+  with pytest.raises(channel.RingError, match="symbolic link"):
+    shard.read(planted)
+  # A record whose shape does not fit the file: the message says so (not "another node").
+  wrong = dataclasses.replace(rows, shape=(1, 2, 2, 6))
+  with pytest.raises(channel.RingError, match="does not describe this ring") as err:
+    shard.read(wrong)
+  assert "another node" not in str(err.value)
+  if os.getuid() == 0:  # only root can hand a file to another user
+    os.chown(ring.path, 12345, -1)
+    with pytest.raises(channel.RingError, match="belongs to user 12345"):
+      channel.Mapped(size=3, dtype=np.float32, max_rows=2).read(rows)
+  # Integer fields must be integers (a float or a bool is refused, not used as an index).
+  for field, value in (("region", 0.0), ("count", 2.0), ("start", False), ("stop", 3.0)):
+    assert not shard.valid(dataclasses.replace(rows, **{field: value}))
+  assert not shard.valid(dataclasses.replace(rows, shape=(1.0, 2, 1, 6)))
+  with pytest.raises(ValueError, match="another node"):
+    shard.read(dataclasses.replace(rows, path=ring.path + "-gone"))
+  os.unlink(link)
+
+
+def test_stale_rings_of_dead_processes_are_swept(run: str) -> None:
+  live = channel.open_ring(run, 0, 1, 1, 1, 8, np.float32)
+  assert live is not None
+  dead = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  stale = os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{run}-w1-{int(dead.stdout)}-ab12")
+  with open(stale, "wb") as f:
+    f.write(b"\0" * 64)
+  link = os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{run}-w2-{int(dead.stdout)}-cd34")
+  os.symlink("/etc/hostname", link)
+  try:
+    removed = channel.sweep_stale()  # other runs' stale rings on this machine may go too
+    assert stale in removed and live.path not in removed and link not in removed
+    assert os.path.exists(live.path) and not os.path.exists(stale) and os.path.islink(link)
+  finally:
+    os.unlink(link)
+    live.close()
 
 
 class _Shard:

@@ -91,6 +91,15 @@ def test_two_nodes_give_the_single_node_result_with_the_deterministic_schedule(
   # On one node the messages go through the workers' shared-memory rings; across nodes, in
   # Ray's calls: the two paths give the same result bit for bit.
   assert nodes["single_rings"] == [True, True] and nodes["multi_rings"] == [False, False]
+  # Workers and shards on the node that is not the driver's use rings there. A driver
+  # SIGKILLed mid-run leaves none behind once the next run has started (its workers sweep the
+  # rings of dead processes), and a clean shutdown removes the run's rings on that node.
+  away = nodes["away"]
+  assert away["away_nodes"] == [nodes["other"]] and away["away_rings"] == [True, True]
+  assert away["killed_run_started"] and away["rings_before_kill"] == 2, away
+  assert away["killed_workers_gone"], away
+  assert away["killed_rings_after_next_start"] == 0 and away["rings_during"] == 2, away
+  assert away["rings_after_shutdown"] == 0 and away["removed_on_nodes"] == [nodes["other"]], away
   params = np.load(out)
   for name in ("w", "b"):
     single, multi = params[f"single_{name}"], params[f"multi_{name}"]

@@ -258,3 +258,31 @@ def shard_nice(step_cores: int) -> int:
   cluster has cores to spare (measured in ``benchmarks/aladdin/RESULTS-ray.md``).
   """
   return 10 if step_cores else 0
+
+
+def remove_rings_on_other_nodes(run: str, timeout: float = 20.0) -> dict[str, list[str]]:
+  """Removes run ``run``'s shared-memory rings on every live node but the driver's (which
+  removes its own), with one task pinned to each: the workers killed by ``ray.kill`` could not.
+  Returns the paths removed by node id, for the nodes that answered within ``timeout`` s."""
+  import ray
+  from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+  from optax_lena._src.aladdin.ray import channel
+
+  remove = ray.remote(num_cpus=0, max_retries=0)(channel.remove_rings)
+  refs = {
+    node["NodeID"]: remove.options(
+      scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    ).remote(run)
+    for node in ray.nodes()
+    if node["Alive"] and node["NodeID"] != ray.get_runtime_context().get_node_id()
+  }
+  if not refs:
+    return {}
+  ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+  removed = {}
+  for node, ref in refs.items():
+    if ref in ready:
+      with contextlib.suppress(Exception):
+        removed[node] = ray.get(ref)
+  return removed

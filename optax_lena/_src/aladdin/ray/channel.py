@@ -16,9 +16,14 @@ written at once. A shard reads its slice of the fold before it answers.
 
 Where it lives and when it goes: ``/dev/shm`` (memory, not disk), named after the run, reserved
 in full when it is created (a full ``/dev/shm`` then refuses the ring, and the worker uses
-Ray's calls, instead of failing later), and removed when the worker exits and by the driver
-when the run ends (a worker killed on another node than the driver's leaves its ring there;
-:data:`MAX_BYTES` bounds it).
+Ray's calls, instead of failing later), and removed when the worker exits, by the driver on
+every node of the cluster when the run ends (a worker killed by ``ray.kill`` runs no finalizer),
+and at start-up, where a ring whose worker process has died is swept (:func:`sweep_stale`: a
+driver killed with SIGKILL takes its workers along and leaves their rings). :data:`MAX_BYTES`
+bounds each.
+
+A shard maps only a regular file of its own user in that directory, never through a symbolic
+link: the record comes from another process, and the directory is shared by every local user.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import dataclasses
 import glob
 import mmap
 import os
+import re
 import secrets
+import stat
 import tempfile
 import weakref
 from typing import Any
@@ -56,14 +63,41 @@ class Rows:
   stop: int
 
 
+class RingError(ValueError):
+  """A ring record names a file this shard refuses to map (not another node's ring)."""
+
+
 def _map(path: str, nbytes: int) -> mmap.mmap:
-  fd = os.open(path, os.O_RDWR)
+  """Maps the ring at ``path``: a regular file of this user holding exactly ``nbytes``.
+
+  Raises:
+    FileNotFoundError: no such file on this node.
+    RingError: a symbolic link, not a regular file, another user's file, or the wrong size.
+  """
   try:
-    if os.fstat(fd).st_size != nbytes:
-      raise ValueError(f"{path} holds {os.fstat(fd).st_size} bytes, not {nbytes}.")
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+  except OSError as err:
+    if os.path.islink(path):
+      raise RingError(f"{path} is a symbolic link; a ring is never mapped through one.") from err
+    raise
+  try:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+      raise RingError(f"{path} is not a regular file.")
+    if info.st_uid != os.getuid():
+      raise RingError(f"{path} belongs to user {info.st_uid}, not to this run's user.")
+    if info.st_size != nbytes:
+      raise RingError(
+        f"{path} holds {info.st_size} bytes, but the record's shape needs {nbytes}: the record "
+        "does not describe this ring."
+      )
     return mmap.mmap(fd, nbytes)
   finally:
     os.close(fd)
+
+
+def _is_index(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _views(buffer: Any, shape: tuple[int, int, int, int], dtype: np.dtype) -> tuple[Any, Any]:
@@ -164,8 +198,11 @@ class Mapped:
     """Whether ``rows`` names this shard's slice of messages of a ring of this run's shape."""
     shape = getattr(rows, "shape", None)
     if not isinstance(rows, Rows) or not (
-      isinstance(shape, tuple) and len(shape) == 4 and all(isinstance(x, int) for x in shape)
+      isinstance(shape, tuple) and len(shape) == 4 and all(_is_index(x) and x >= 0 for x in shape)
     ):
+      return False
+    fields = (rows.region, rows.count, rows.start, rows.stop)
+    if not (all(_is_index(x) for x in fields) and isinstance(rows.path, str)):
       return False
     regions, count_max, _, size = shape
     return (
@@ -183,11 +220,16 @@ class Mapped:
     if views is None:
       try:
         buffer = _map(rows.path, _nbytes(rows.shape, self.dtype))
-      except (OSError, ValueError) as err:
+      except FileNotFoundError as err:
         raise ValueError(
-          f"This PS shard cannot open the worker's shared-memory ring {rows.path} ({err}): it "
-          "runs on another node than the worker (was it restarted elsewhere?). Run with "
-          "Config(shared_memory=False) to send every message through Ray's calls."
+          f"This PS shard finds no shared-memory ring {rows.path}: it runs on another node than "
+          "the worker (was it restarted elsewhere?). Run with Config(shared_memory=False) to "
+          "send every message through Ray's calls."
+        ) from err
+      except OSError as err:
+        raise ValueError(
+          f"This PS shard cannot map the worker's shared-memory ring {rows.path} ({err}). Run "
+          "with Config(shared_memory=False) to send every message through Ray's calls."
         ) from err
       views = self._rings[rows.path] = _views(buffer, rows.shape, self.dtype)
     return views
@@ -208,7 +250,41 @@ def run_name() -> str:
   return secrets.token_hex(6)
 
 
-def remove_rings(run: str) -> None:
-  """Removes every ring of run ``run`` on this node (workers killed before they could)."""
-  for path in glob.glob(os.path.join(DIRECTORY, f"{PREFIX}{run}-*")):
+def remove_rings(run: str) -> list[str]:
+  """Removes every ring of run ``run`` on this node (workers killed before they could) and
+  returns their paths."""
+  paths = glob.glob(os.path.join(DIRECTORY, f"{PREFIX}{run}-*"))
+  for path in paths:
     _remove(path)
+  return paths
+
+
+_RING_NAME = re.compile(re.escape(PREFIX) + r"[0-9a-f]+-w\d+-(\d+)-[0-9a-f]+")
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def sweep_stale() -> list[str]:
+  """Removes this user's rings on this node whose worker process no longer exists (a run whose
+  driver was killed) and returns their paths; rings of live processes are left alone."""
+  removed = []
+  for path in glob.glob(os.path.join(DIRECTORY, f"{PREFIX}*")):
+    match = _RING_NAME.fullmatch(os.path.basename(path))
+    try:
+      info = os.lstat(path)
+    except FileNotFoundError:
+      continue
+    if match is None or not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+      continue
+    if not _alive(int(match.group(1))):
+      _remove(path)
+      removed.append(path)
+  return removed

@@ -64,6 +64,8 @@ class Runtime:
     self.peers: list[Any] = []
     self.owns_cluster = False
     self.run_name = channel.run_name()  # the workers' shared-memory rings are named after it
+    self.rings_removed: dict[str, list[str]] = {}  # by other nodes' ids, at shutdown
+    channel.sweep_stale()  # a killed earlier run's, on this node (its workers sweep theirs)
     self._closed = False
     self.signals = StopSignals()
     try:
@@ -152,9 +154,12 @@ class Runtime:
         for actor in [*self.workers, *self.shards, *self.peers]:
           with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
+        if self.workers:
+          with contextlib.suppress(Exception):
+            self.rings_removed = bootstrap.remove_rings_on_other_nodes(self.run_name)
         if self.owns_cluster:
           ray.shutdown()
-      channel.remove_rings(self.run_name)  # those of the workers killed on this node
+      channel.remove_rings(self.run_name)  # this node's
       self.workers, self.shards, self.peers = [], [], []
       self.owns_cluster = False
       self._closed = True

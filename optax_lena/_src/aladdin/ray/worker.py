@@ -141,6 +141,7 @@ class WorkerActor:
     here = ray.get_runtime_context().get_node_id()
     if any(s["node_id"] != here for s in ray.get([s.stats.remote() for s in self.shards])):
       return None
+    channel.sweep_stale()  # the rings of a killed run's workers on this node
     regions, size, dtype = self.config.max_inflight, self.layout.size, self.layout.dtype
     return channel.open_ring(run, self.index, regions, fold, replies, size, dtype)
 
