@@ -53,11 +53,10 @@ def _sha(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 
 
-def _canonical(value: Any) -> np.ndarray:
-  a = np.asarray(value)
+def _canonical_bytes(a: np.ndarray) -> bytes:
   if a.dtype.byteorder == ">":
     a = a.byteswap().view(a.dtype.newbyteorder("<"))
-  return np.ascontiguousarray(a)
+  return a.tobytes(order="C")
 
 
 def _host_leaf(x: Any) -> np.ndarray:
@@ -77,9 +76,10 @@ def tree_digest(tree: Any) -> list[dict[str, Any]]:
   On several processes every process must call it (sharded arrays are gathered)."""
   out = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    a = _canonical(_host_leaf(leaf))
+    a = _host_leaf(leaf)
     key = jax.tree_util.keystr(path, simple=True, separator="/")
-    out.append({"path": key, "shape": list(a.shape), "dtype": str(a.dtype), "sha256": _sha(a)})
+    digest = _sha(_canonical_bytes(a))
+    out.append({"path": key, "shape": list(a.shape), "dtype": str(a.dtype), "sha256": digest})
   return out
 
 
