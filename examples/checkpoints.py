@@ -5,27 +5,248 @@ stream's position and the wall time so far. The stream is a function of (seed, e
 (``input_pipeline.global_batches``), so its position after ``step`` updates is all that is
 needed to continue the same sequence of batches: on the CPU a resumed run is bitwise identical
 to an uninterrupted one.
+
+Every checkpoint ``checkpoints/<step>`` gets a ``digest.json`` once its save has finished: the
+path, shape, dtype and SHA-256 of every array (its little-endian C-order bytes) in tree order,
+one SHA-256 over them all, the size and SHA-256 of every file of the step, and a seal over the
+record itself. TensorStore checks its b-trees but not the arrays' value chunks, so a flipped
+bit there restores without error; the digest is what catches it. A step without a digest is
+incomplete (the save did not finish). On resume the newest step is tried first: a damaged
+one is named in a warning, moved to ``checkpoints_damaged/`` and the next older one is tried
+(``damaged_checkpoints='fallback'``), or the run stops naming the directory to delete
+(``'error'``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from examples.lena.configs import Config, ConfigError
+
+log = logging.getLogger("examples.lena.train")
+DIGEST = "digest.json"
+DAMAGED_DIR = "checkpoints_damaged"  # beside checkpoints/, where orbax does not look
+ON_DAMAGE = ("fallback", "error")
+_FORMAT = 1
+
+
+class DamagedCheckpointError(ConfigError):
+  """No checkpoint can be resumed; the message names the step directory and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Digests
+# ----------------------------------------------------------------------------------------------
+
+
+def _sha(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _canonical_bytes(a: np.ndarray) -> bytes:
+  if a.dtype.byteorder == ">":
+    a = a.byteswap().view(a.dtype.newbyteorder("<"))
+  return a.tobytes(order="C")
+
+
+def _host_leaf(x: Any) -> np.ndarray:
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))  # one process: no collective
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_shards[0].data)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))  # every process calls it
+
+
+def tree_digest(tree: Any) -> list[dict[str, Any]]:
+  """``path`` (``/``-joined keys, the same for dataclasses, NamedTuples and dicts), ``shape``,
+  ``dtype`` and ``sha256`` of every array of ``tree``, in tree order.
+
+  On several processes every process must call it (sharded arrays are gathered)."""
+  out = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    a = _host_leaf(leaf)
+    key = jax.tree_util.keystr(path, simple=True, separator="/")
+    digest = _sha(_canonical_bytes(a))
+    out.append({"path": key, "shape": list(a.shape), "dtype": str(a.dtype), "sha256": digest})
+  return out
+
+
+def _tree_sha(leaves: list[dict[str, Any]]) -> str:
+  return _sha(json.dumps(leaves, sort_keys=True).encode())
+
+
+def _files(step_dir: Path) -> dict[str, dict[str, Any]]:
+  files = sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != DIGEST)
+  return {
+    str(p.relative_to(step_dir)): {"size": p.stat().st_size, "sha256": _sha(p.read_bytes())}
+    for p in files
+  }
+
+
+def _seal(record: dict[str, Any]) -> str:
+  return _sha(json.dumps({k: v for k, v in record.items() if k != "seal"}, sort_keys=True).encode())
+
+
+def write_digest(step_dir: Path, step: int, leaves: list[dict[str, Any]]) -> None:
+  """Writes ``step_dir/digest.json`` (atomically: a reader sees all of it or none)."""
+  record: dict[str, Any] = {
+    "format": _FORMAT,
+    "step": step,
+    "leaves": leaves,
+    "tree_sha256": _tree_sha(leaves),
+    "files": _files(step_dir),
+  }
+  record["seal"] = _seal(record)
+  tmp = step_dir / f".{DIGEST}.tmp"
+  with tmp.open("w") as f:
+    json.dump(record, f)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, step_dir / DIGEST)
+
+
+def check_files(step_dir: Path) -> tuple[dict[str, Any] | None, str]:
+  """``(digest, '')`` when ``step_dir`` holds a sealed digest whose files are all intact, else
+  ``(None, reason)``."""
+  if not any(step_dir.iterdir()):
+    return None, "an empty step directory"
+  path = step_dir / DIGEST
+  if not path.exists():
+    return None, f"no {DIGEST}: the save did not finish"
+  try:
+    record = json.loads(path.read_text())
+    ok = isinstance(record, dict) and record.get("seal") == _seal(record)
+    ok = ok and record.get("tree_sha256") == _tree_sha(record.get("leaves"))
+  except (ValueError, TypeError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+    return None, f"{DIGEST} is unreadable ({type(e).__name__}: {e})"
+  if not ok or record.get("step") != int(step_dir.name):
+    return None, f"{DIGEST} does not match its own seal"
+  files = _files(step_dir)
+  for name, want in record["files"].items():
+    got = files.get(name)
+    if got is None:
+      return None, f"{name} is missing"
+    if got != want:
+      what = "size" if got["size"] != want["size"] else "content"
+      return None, f"{name} changed ({what} differs from the digest)"
+  return record, ""
+
+
+def check_tree(record: dict[str, Any], tree: Any) -> str:
+  """'' when the arrays of ``tree`` are those of ``record`` (shapes, dtypes and bytes), else the
+  first difference."""
+  got = {leaf["path"]: leaf for leaf in tree_digest(tree)}
+  want = {leaf["path"]: leaf for leaf in record["leaves"]}
+  if set(got) != set(want):
+    return f"the restored tree has arrays {sorted(set(got) ^ set(want))[:3]} unlike the digest"
+  for key, leaf in want.items():
+    if got[key] != leaf:
+      field = next(f for f in ("shape", "dtype", "sha256") if got[key][f] != leaf[f])
+      return f"array {key} restored with another {field} than was saved"
+  return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Saving and resuming
+# ----------------------------------------------------------------------------------------------
+
+
+def _step_dirs(directory: Path) -> list[Path]:
+  """Step directories (orbax's default names: the step), newest first; orbax's temporary
+  ``<step>.orbax-checkpoint-tmp-*`` directories are not steps."""
+  if not directory.is_dir():
+    return []
+  return sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name))
+
+
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _reject(step_dir: Path, reason: str, on_damage: str) -> None:
+  """Stops (``'error'``) or warns and moves ``step_dir`` to ``checkpoints_damaged/``."""
+  if on_damage == "error":
+    raise DamagedCheckpointError(
+      f"Checkpoint {step_dir} is damaged: {reason}. Delete that directory (or move it out of "
+      f"{step_dir.parent}) to resume from the previous checkpoint, or set "
+      "damaged_checkpoints=fallback to do so automatically."
+    )
+  target = step_dir.parent.parent / DAMAGED_DIR / step_dir.name
+  n = 0
+  while target.exists():
+    n += 1
+    target = target.with_name(f"{step_dir.name}-{n}")
+  log.warning(
+    "Checkpoint %s is damaged: %s. Falling back to the previous checkpoint; the damaged one "
+    "is moved to %s.",
+    *(step_dir, reason, target),
+  )
+  if jax.process_index() == 0:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(step_dir, target)
+  _sync(f"checkpoints:rejected:{step_dir.name}")
+
+
+def _no_good_checkpoint(directory: Path) -> DamagedCheckpointError:
+  damaged = directory.parent / DAMAGED_DIR
+  return DamagedCheckpointError(
+    f"No usable checkpoint is left in {directory}: the damaged ones are in {damaged}. Delete "
+    f"{damaged} (and {directory.parent / 'metrics.jsonl'}) to start afresh, or put back a "
+    "checkpoint you trust."
+  )
 
 
 def manager(workdir: Path, config: Config) -> ocp.CheckpointManager | None:
   """Orbax manager of ``workdir/checkpoints`` keeping the last ``keep_checkpoints``; None when
-  ``checkpoint_every`` is 0 (no checkpoints, no resuming)."""
+  ``checkpoint_every`` is 0 (no checkpoints, no resuming).
+
+  Step directories whose files do not match their digest (or that have none) are handled first,
+  as ``config.damaged_checkpoints`` says: orbax reads every step's metadata when it starts.
+
+  Raises:
+    DamagedCheckpointError: a damaged step with ``damaged_checkpoints='error'``, or no step left
+      after earlier ones were found damaged.
+  """
   if config.checkpoint_every <= 0:
     return None
+  if config.damaged_checkpoints not in ON_DAMAGE:
+    raise ConfigError(
+      f"Unknown damaged_checkpoints {config.damaged_checkpoints!r}; valid: {', '.join(ON_DAMAGE)}."
+    )
+  directory = workdir.absolute() / "checkpoints"
+  for step_dir in _step_dirs(directory):
+    if check_files(step_dir)[0] is None:
+      _reject(step_dir, check_files(step_dir)[1], config.damaged_checkpoints)
+  if not _step_dirs(directory) and (directory.parent / DAMAGED_DIR).exists():
+    raise _no_good_checkpoint(directory)
   options = ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True)
-  return ocp.CheckpointManager(workdir.absolute() / "checkpoints", options=options)
+  return ocp.CheckpointManager(directory, options=options)
+
+
+def save(mgr: ocp.CheckpointManager, step: int, tree: dict[str, Any]) -> None:
+  """Saves ``tree`` as step ``step`` and, once the save has finished, its digest (process 0).
+
+  The save is waited for so that the digest describes finished files: a crash leaves at worst
+  one step without a digest, which resuming skips."""
+  leaves = tree_digest(tree)
+  mgr.save(step, args=ocp.args.StandardSave(tree))
+  mgr.wait_until_finished()
+  if jax.process_index() == 0:
+    write_digest(Path(mgr.directory) / str(step), step, leaves)
+  _sync(f"checkpoints:digest:{step}")
 
 
 def checkpoint_tree(
@@ -41,24 +262,57 @@ def checkpoint_tree(
   }
 
 
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
 def restore_latest(
-  mgr: ocp.CheckpointManager, template: dict[str, Any], seed: int
+  mgr: ocp.CheckpointManager,
+  template: dict[str, Any],
+  seed: int,
+  on_damage: str = "fallback",
 ) -> dict[str, Any] | None:
-  """The latest checkpoint in the layout of ``template`` (:func:`checkpoint_tree`), or None.
+  """The newest checkpoint that restores and matches its digest, in the layout of ``template``
+  (:func:`checkpoint_tree`), or None when there is none.
+
+  A step that fails (an orbax or TensorStore error, arrays unlike the digest) is named in a
+  warning and moved to ``checkpoints_damaged/``, then the next older one is tried
+  (``on_damage='fallback'``); ``'error'`` stops at the first.
 
   Raises:
     ConfigError: the checkpoint was written with another seed (another data stream).
+    DamagedCheckpointError: a damaged step with ``on_damage='error'``, or every step damaged.
   """
-  step = mgr.latest_step()
-  if step is None:
-    return None
-  restored = mgr.restore(step, args=ocp.args.StandardRestore(template))
-  if int(restored["data"]["seed"]) != seed:
-    raise ConfigError(
-      f"The checkpoint in {mgr.directory} was written with seed "
-      f"{int(restored['data']['seed'])}, not {seed}."
-    )
-  return restored
+  directory = Path(mgr.directory)
+  tried = False
+  for step_dir in _step_dirs(directory):
+    tried = True
+    record, reason = check_files(step_dir)
+    restored = None
+    if record is not None:
+      try:
+        restored = mgr.restore(int(step_dir.name), args=ocp.args.StandardRestore(template))
+      except Exception as e:  # orbax and TensorStore raise many types; all mean "unusable"
+        reason = f"it does not restore ({_first_line(e)})"
+    # Every process decides alike (they read the same files); agree before any collective.
+    ok = np.array(restored is not None)
+    if jax.process_count() > 1:
+      ok = np.all(multihost_utils.process_allgather(ok))
+    if ok and record is not None:
+      reason = check_tree(record, restored)
+      if not reason:
+        if int(restored["data"]["seed"]) != seed:
+          raise ConfigError(
+            f"The checkpoint in {step_dir} was written with seed "
+            f"{int(restored['data']['seed'])}, not {seed}."
+          )
+        return restored
+    _reject(step_dir, reason or "another process could not restore it", on_damage)
+    mgr.reload()
+  if tried:
+    raise _no_good_checkpoint(directory)
+  return None
 
 
 def restore_checkpoint(workdir: str | Path, step: int | None = None) -> dict[str, Any]:

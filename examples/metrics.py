@@ -18,6 +18,7 @@ from typing import Any
 import optax
 
 import optax_lena as ol
+from examples.lena.configs import ConfigError
 
 log = logging.getLogger("examples.lena.train")
 # Per-layer diagnostics written as {layer: value} dicts.
@@ -41,11 +42,35 @@ def diagnostics_record(opt_state: optax.OptState, params: Any) -> dict[str, Any]
   return out
 
 
+def _parse_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+  """``(line, record)`` of every line of ``path``. A last line that is not JSON (cut short by a
+  crash mid-write) is dropped with a warning.
+
+  Raises:
+    ConfigError: a line before the last is not JSON (the message names the file and line).
+  """
+  lines = [line for line in path.read_text().splitlines() if line.strip()]
+  out = []
+  for i, line in enumerate(lines):
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    except ValueError as e:  # JSONDecodeError is a ValueError
+      if i < len(lines) - 1:
+        raise ConfigError(
+          f"{path}, line {i + 1}, is not a JSON record ({e}): repair or delete that line."
+        ) from None
+      log.warning("Dropping the partial last line of %s (%d characters): %s", path, len(line), e)
+      continue
+    out.append((line, record))
+  return out
+
+
 def read_metrics(workdir: str | Path, kind: str | None = "eval") -> list[dict[str, Any]]:
   """The records of a run's ``metrics.jsonl`` of this ``type`` (``'eval'``, ``'train'``; None:
-  all), in order."""
-  lines = (Path(workdir) / "metrics.jsonl").read_text().splitlines()
-  records = [json.loads(line) for line in lines if line]
+  all), in order; a partial last line (a run killed mid-write) is left out."""
+  records = [r for _, r in _parse_lines(Path(workdir) / "metrics.jsonl")]
   return [r for r in records if kind is None or r.get("type") == kind]
 
 
@@ -57,8 +82,8 @@ class MetricsWriter:
     self.path = None if workdir is None else workdir / "metrics.jsonl"
     if self.path is None:
       return
-    lines = self.path.read_text().splitlines() if resume_step and self.path.exists() else []
-    kept = [line for line in lines if line and json.loads(line).get("iteration", 0) <= resume_step]
+    lines = _parse_lines(self.path) if resume_step and self.path.exists() else []
+    kept = [line for line, r in lines if r.get("iteration", 0) <= resume_step]
     self.path.write_text("".join(f"{line}\n" for line in kept))
 
   def write(self, record: dict[str, Any]) -> None:
@@ -74,7 +99,16 @@ def write_config(workdir: Path | None, record: dict[str, Any], resuming: bool) -
     return
   path = workdir / "config.json"
   if resuming and path.exists():
-    old = json.loads(path.read_text())
+    try:
+      old = json.loads(path.read_text())
+      if not isinstance(old, dict):
+        raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+      raise ConfigError(
+        f"{path} is damaged ({e}), so the resumed configuration cannot be compared with the "
+        "one that wrote the checkpoints: delete it (or restore it from a copy) and rerun; the "
+        "run then writes it again."
+      ) from None
     changed = sorted(k for k, v in record.items() if k != "progress_bar" and old.get(k) != v)
     if changed:
       log.warning(

@@ -44,7 +44,6 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 
 import optax_lena as ol
 from examples import checkpoints, input_pipeline, metrics, optimizers
@@ -311,7 +310,10 @@ def train_and_evaluate(
     }
 
   if manager is not None:
-    restored = checkpoints.restore_latest(manager, tree_of(state, 0, s0, 0.0), config.seed)
+    template = tree_of(state, 0, s0, 0.0)
+    restored = checkpoints.restore_latest(
+      manager, template, config.seed, config.damaged_checkpoints
+    )
     if restored is not None:
       state, wall_offset = restored["state"], float(restored["wall_time"])
       seen, s = int(restored["ramp"]["samples_seen"]), int(restored["ramp"]["num_samples"])
@@ -400,7 +402,7 @@ def train_and_evaluate(
       window = []
     if manager is not None and is_ckpt:
       wall = wall_offset + time.perf_counter() - t0
-      manager.save(done, args=ocp.args.StandardSave(tree_of(host, seen, s, wall)))
+      checkpoints.save(manager, done, tree_of(host, seen, s, wall))  # then its digest
   if manager is not None:
     manager.wait_until_finished()
     manager.close()

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import tqdm
 
 import optax_lena as ol
@@ -252,6 +251,7 @@ def validate_config(config: Config) -> None:
     "rng_impl": RNG_IMPLS,
     "eval_split": ("test", "validation"),
     "model": tuple(models.MODELS),  # the names models.create_model accepts
+    "damaged_checkpoints": checkpoints.ON_DAMAGE,
   }
   if config.model_parallel < 1:
     raise ConfigError(f"model_parallel must be >= 1, got {config.model_parallel}.")
@@ -334,7 +334,9 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   manager, restored = checkpoints.manager(workdir, config), None
   if manager is not None:
     template = checkpoints.checkpoint_tree(state, config.seed, global_batch, data.num_train, 0)
-    restored = checkpoints.restore_latest(manager, template, config.seed)
+    restored = checkpoints.restore_latest(
+      manager, template, config.seed, config.damaged_checkpoints
+    )
   if restored is not None:
     state, wall_offset = restored["state"], float(restored["wall_time"])
     info(
@@ -426,7 +428,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       tree = checkpoints.checkpoint_tree(
         host_state, config.seed, global_batch, data.num_train, wall
       )
-      manager.save(done, args=ocp.args.StandardSave(tree))
+      checkpoints.save(manager, done, tree)  # then its digest
   bar.close()
   if manager is not None:
     manager.wait_until_finished()

@@ -87,6 +87,9 @@ class Config:
   log_every: int = 0  # updates between train-loss / optimizer-diagnostics records; 0 = off
   checkpoint_every: int = 0  # updates between checkpoints; 0 = none (and no resuming)
   keep_checkpoints: int = 2
+  # A checkpoint that fails its digest or does not restore: 'fallback' (warn, move it to
+  # checkpoints_damaged/, resume from the previous one) or 'error' (stop, naming it).
+  damaged_checkpoints: str = "fallback"
   seed: int = 0  # parameter initialisation and data order
   # PRNG of the initialisation: 'default' (JAX's, threefry), or 'rbg' / 'unsafe_rbg', whose
   # initialisers compile much faster on CPU (seconds saved per run for a ResNet).
