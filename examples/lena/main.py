@@ -25,7 +25,7 @@ import jax
 import tqdm.contrib.logging
 
 from examples.lena import configs as configs_lib
-from examples.lena import distributed, train
+from examples.lena import distributed, faults, train
 
 
 def parse_args(
@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   config, workdir, options = parse_args(argv)
   try:
     distributed.initialize(options)  # before anything touches a device
+    faults.install()
     with tqdm.contrib.logging.logging_redirect_tqdm():  # log lines above the progress bar
       train.train_and_evaluate(config, workdir)
   except (configs_lib.ConfigError, FileNotFoundError, distributed.DistributedError) as e:
