@@ -39,6 +39,9 @@ from pathlib import Path
 
 import jax
 
+from examples.lena import supervisor
+from examples.lena.supervisor import launcher_in_environment
+
 log = logging.getLogger("examples.lena.train")
 MODES = ("auto", "on", "off")
 
@@ -65,28 +68,6 @@ class DistributedOptions:
   def explicit(self) -> bool:
     """Whether any of the coordinator / process-count / process-id flags was given."""
     return bool(self.coordinator_address) or self.num_processes > 0 or self.process_id >= 0
-
-
-def _count(name: str) -> int:
-  try:
-    return int(os.environ.get(name, "1"))
-  except ValueError:
-    return 1
-
-
-def launcher_in_environment() -> str | None:
-  """The multi-process launcher this process runs under, or None (a single process)."""
-  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    return "JAX_COORDINATOR_ADDRESS"
-  if max(_count("SLURM_STEP_NUM_TASKS"), _count("SLURM_NTASKS")) > 1 and "SLURM_PROCID" in (
-    os.environ
-  ):
-    return "SLURM"
-  if _count("OMPI_COMM_WORLD_SIZE") > 1:
-    return "Open MPI"
-  if "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
-    return "TPU slice"
-  return None
 
 
 def validate(options: DistributedOptions) -> None:
@@ -272,17 +253,6 @@ def _dead_processes(detail: str) -> str:
   return ", ".join(f"process {k}" for k in dead) if dead else "another process"
 
 
-def _newest_checkpoint() -> str:
-  directory = _resume.checkpoint_dir
-  try:  # Orbax renames a step's directory to its number once every process has written it
-    steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory else []
-  except OSError:
-    steps = []
-  if not steps:
-    return "from the start (no complete checkpoint yet)"
-  return f"from the newest complete checkpoint, step {max(steps)}, in {directory}"
-
-
 def end_run(cause: str, detail: str = "", dead: str = "") -> None:
   """Ends this process of a multi-host run whose peer died: one message on stderr naming the
   dead process and the resume command, then status 1 at once.
@@ -307,13 +277,11 @@ def end_run(cause: str, detail: str = "", dead: str = "") -> None:
       )
       sys.stderr.flush()
       os._exit(0)
-    command = f" (this one's: {_resume.command})" if _resume.command else ""
     sys.stdout.flush()
+    cause = f"{cause}: {first}" if first else cause
+    who = dead or _dead_processes(detail)
     sys.stderr.write(
-      f"error: process {me} of {n} stops: {dead or _dead_processes(detail)} died or stopped "
-      f"responding ({cause}{': ' + first if first else ''}).\n"
-      f"  To resume, start all {n} processes again with the same commands{command}: training "
-      f"continues {_newest_checkpoint()}.\n"
+      supervisor.message(str(me), str(n), who, cause, _resume.command, _resume.checkpoint_dir)
     )
     sys.stderr.flush()
     os._exit(1)

@@ -232,10 +232,10 @@ DEAD_PEER_BOUND_S = 40
 @pytest.mark.parametrize(
   "fault",
   [
-    "1:step:4",  # process 0 is inside update 4's collectives
+    "1:step:4",  # process 0 is inside update 4's collectives: the pulse check ends it
+    "0:step:4",  # the coordination service goes too: JAX aborts, the supervisor reports
     pytest.param("1:save:4", marks=pytest.mark.slow),  # both background writes in flight
     pytest.param("1:eval:3", marks=pytest.mark.slow),  # process 0 is evaluating
-    pytest.param("0:step:4", marks=pytest.mark.slow),  # the coordination service goes too
   ],
 )
 def test_a_dead_peer_ends_the_survivor_cleanly(lena_runs, cache_dir: str, fault: str) -> None:
@@ -269,7 +269,7 @@ def test_a_dead_peer_ends_the_survivor_cleanly(lena_runs, cache_dir: str, fault:
   assert f"error: process {1 - dead} of 2 stops: process {dead} died" in message, message
   assert "start all 2 processes again with the same commands" in message, message
   assert f"python -m examples.main {shlex.join(args)}" in message, message
-  for trace in ("Check failed", "*** ", "Fatal Python error", "Traceback", "SIGABRT", "@ 0x"):
+  for trace in ("Check failed", "*** ", "Fatal Python error", "Traceback", "@ 0x", "client.h"):
     assert trace not in text, text[-3000:]
   # The newest step directory is complete: Orbax's latest, restorable, and the one named.
   steps = sorted(int(d.name) for d in (workdir / "checkpoints").iterdir() if d.name.isdigit())
