@@ -16,21 +16,31 @@ anything touches a JAX device. It joins the processes when
 A process whose peers have not all joined within ``initialization_timeout`` seconds exits
 (status 2) with a message saying whether the coordinator was unreachable or processes were
 missing, and what to check. Once joined, JAX's coordination service
-watches the processes: when one dies the others stop (within ``heartbeat_timeout`` seconds, or
-at once when a collective loses its peer) instead of waiting forever.
+watches the processes. When one dies, each survivor notices it (at once when a collective loses
+its peer, else within about ``heartbeat_timeout`` seconds, default 15, when the coordination
+service misses its heartbeats) and ends within seconds with status 1 and one message naming the
+dead process and the command that resumes the run (:func:`end_run`). It exits without JAX's
+shutdown barrier (which would wait for the dead process) and without finishing a checkpoint
+save in flight, so the newest complete checkpoint stays the one a resume picks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import re
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import jax
+
+from examples.lena import supervisor
+from examples.lena.supervisor import launcher_in_environment
 
 log = logging.getLogger("examples.lena.train")
 MODES = ("auto", "on", "off")
@@ -49,34 +59,15 @@ class DistributedOptions:
   num_processes: int = 0  # 0 = from the environment
   process_id: int = -1  # -1 = from the environment
   initialization_timeout: int = 120  # seconds to wait for every process to join
-  heartbeat_timeout: int = 100  # seconds after which a silent process counts as dead
+  # Seconds after which a silent process counts as dead. JAX's default (100 s) keeps the
+  # survivors waiting; heartbeats come from a background thread, so a busy process still sends
+  # them. Raise it where a process can stall longer (swapping, a host paused for snapshots).
+  heartbeat_timeout: int = 15
 
   @property
   def explicit(self) -> bool:
     """Whether any of the coordinator / process-count / process-id flags was given."""
     return bool(self.coordinator_address) or self.num_processes > 0 or self.process_id >= 0
-
-
-def _count(name: str) -> int:
-  try:
-    return int(os.environ.get(name, "1"))
-  except ValueError:
-    return 1
-
-
-def launcher_in_environment() -> str | None:
-  """The multi-process launcher this process runs under, or None (a single process)."""
-  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    return "JAX_COORDINATOR_ADDRESS"
-  if max(_count("SLURM_STEP_NUM_TASKS"), _count("SLURM_NTASKS")) > 1 and "SLURM_PROCID" in (
-    os.environ
-  ):
-    return "SLURM"
-  if _count("OMPI_COMM_WORLD_SIZE") > 1:
-    return "Open MPI"
-  if "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
-    return "TPU slice"
-  return None
 
 
 def validate(options: DistributedOptions) -> None:
@@ -195,6 +186,171 @@ def _watch(options: DistributedOptions, launcher: str | None, joined: threading.
     os._exit(2)  # the main thread is blocked inside JAX: end the process from here
 
 
+@dataclasses.dataclass
+class _Resume:
+  """What a survivor of a dead peer tells the user (set by the command line)."""
+
+  command: str = ""  # this process's command line
+  checkpoint_dir: Path | None = None
+  finished: bool = False  # training and its checkpoints are done: a lost peer is harmless
+
+
+_resume = _Resume()
+_ending = threading.Lock()
+
+
+def set_resume(command: str, checkpoint_dir: str | Path | None) -> None:
+  """Records the command and the checkpoint directory that :func:`end_run` names."""
+  _resume.command = command
+  _resume.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+
+
+def mark_finished() -> None:
+  """Training ended and its checkpoints are written: a peer lost from now on (e.g. during JAX's
+  shutdown barrier) ends this process with status 0 instead of 1."""
+  _resume.finished = True
+  _stop_watching.set()
+  from jax._src import distributed as jax_distributed
+
+  client = jax_distributed.global_state.client
+  if client is not None:  # the others stop watching this process
+    with _writing, contextlib.suppress(Exception):
+      client.key_value_set(f"{_PULSE_KEY}{jax.process_index()}", _DONE, allow_overwrite=True)
+
+
+def _live_processes(timeout_s: float = 3.0) -> set[int] | None:
+  """The processes the coordination service still counts as alive, or None when it does not
+  answer within ``timeout_s`` (process 0, which runs it, is gone)."""
+  from jax._src import distributed as jax_distributed  # the client JAX joined with
+
+  client, n = jax_distributed.global_state.client, jax.process_count()
+  result: list[set[int]] = []
+
+  def ask() -> None:
+    with contextlib.suppress(Exception):  # the service is gone: None below
+      result.append(set(client.get_live_nodes(list(range(n)))))
+
+  if client is None:
+    return None
+  asking = threading.Thread(target=ask, daemon=True)
+  asking.start()
+  asking.join(timeout_s)
+  return result[0] if result else None
+
+
+def _dead_processes(detail: str) -> str:
+  """Which process died, from JAX's message (``/task:K``), the process count or the service."""
+  me, n = jax.process_index(), jax.process_count()
+  named = sorted({int(k) for k in re.findall(r"/task:(\d+)", detail)} - {me})
+  if named:
+    return ", ".join(f"process {k}" for k in named)
+  if n == 2:
+    return f"process {1 - me}"
+  live = _live_processes()
+  if live is None:
+    return "process 0 (its coordination service no longer answers)"
+  dead = sorted(set(range(n)) - live - {me})
+  return ", ".join(f"process {k}" for k in dead) if dead else "another process"
+
+
+def end_run(cause: str, detail: str = "", dead: str = "") -> None:
+  """Ends this process of a multi-host run whose peer died: one message on stderr naming the
+  dead process and the resume command, then status 1 at once.
+
+  ``os._exit`` skips JAX's shutdown barrier (which would wait for the dead process, then
+  abort) and Orbax's finalisation of a save in flight (whose barrier would wait too): that
+  save stays a temporary directory, which Orbax never takes for a checkpoint. Called from the
+  main thread (a failed collective) or the watch on the peers; the first caller ends the
+  process, a second one waits for that.
+
+  Args:
+    cause: what this process noticed (a failed collective, a missed heartbeat).
+    detail: JAX's error text (its first line is quoted).
+    dead: which process died ('' = found from ``detail``, the process count or the service).
+  """
+  with _ending:
+    first = detail.strip().splitlines()[0] if detail.strip() else ""
+    me, n = jax.process_index(), jax.process_count()
+    if _resume.finished:
+      sys.stderr.write(
+        f"warning: process {me} of {n}: a peer was lost after training finished ({first}).\n"
+      )
+      sys.stderr.flush()
+      os._exit(0)
+    sys.stdout.flush()
+    cause = f"{cause}: {first}" if first else cause
+    who = dead or _dead_processes(detail)
+    sys.stderr.write(
+      supervisor.message(str(me), str(n), who, cause, _resume.command, _resume.checkpoint_dir)
+    )
+    sys.stderr.flush()
+    os._exit(1)
+
+
+_PULSE_KEY = "examples_lena/pulse/"
+_PULSE_S = 1.0  # how often each process tells the others it is alive
+_DONE = "done"
+_stop_watching = threading.Event()
+_writing = threading.Lock()  # the last pulse written is _DONE, once finished
+
+
+def _pulse(client: object, me: int, last_seen: dict[int, float], last_ok: list[float]) -> None:
+  """Every ``_PULSE_S``: bumps this process's counter in the coordination service's key-value
+  store and notes when each peer's counter last changed (and when the service last answered)."""
+  counters: dict[int, str] = {}
+  beat = 0
+  while not _stop_watching.wait(_PULSE_S):
+    beat += 1
+    try:
+      with _writing:
+        if _stop_watching.is_set():
+          return
+        client.key_value_set(f"{_PULSE_KEY}{me}", str(beat), allow_overwrite=True)  # type: ignore[attr-defined]
+      entries = client.key_value_dir_get(_PULSE_KEY)  # type: ignore[attr-defined]
+    except Exception:  # the service is gone (process 0 died) or slow: the judge decides
+      continue
+    now = time.monotonic()
+    last_ok[0] = now
+    for key, value in entries:
+      k = int(key.rsplit("/", 1)[1])
+      if value == _DONE:  # it finished training: silent from now on, and rightly so
+        last_seen[k] = float("inf")
+      elif counters.get(k) != value:
+        counters[k], last_seen[k] = value, now
+
+
+def _judge(me: int, n: int, timeout_s: int, last_seen: dict[int, float], last_ok: list[float]):
+  """Ends the process (:func:`end_run`) once a peer's counter or the service stood still for
+  ``timeout_s`` seconds."""
+  while not _stop_watching.wait(0.5):
+    now = time.monotonic()
+    silent = [k for k in range(n) if k != me and now - last_seen[k] > timeout_s]
+    if me != 0 and now - last_ok[0] > timeout_s:
+      end_run(f"its coordination service did not answer for {timeout_s} s", dead="process 0")
+    if silent:
+      who = ", ".join(f"process {k}" for k in silent)
+      end_run(f"no sign of life for {timeout_s} s (--heartbeat_timeout)", dead=who)
+
+
+def _watch_peers(timeout_s: int) -> None:
+  """Starts the watch on the other processes (daemon threads; :func:`mark_finished` stops it).
+
+  JAX's own heartbeat check would abort the process with a C++ fatal error, and its
+  missed-heartbeat callback cannot be set from Python (the binding fails to pass the status),
+  so this watch, with a shorter timeout than JAX's, ends the process first."""
+  from jax._src import distributed as jax_distributed  # the client JAX joined with
+
+  client = jax_distributed.global_state.client
+  me, n = jax.process_index(), jax.process_count()
+  start = time.monotonic()
+  last_seen, last_ok = dict.fromkeys(range(n), start), [start]
+  for target, args in (
+    (_pulse, (client, me, last_seen, last_ok)),
+    (_judge, (me, n, timeout_s, last_seen, last_ok)),
+  ):
+    threading.Thread(target=target, args=args, daemon=True, name=target.__name__).start()
+
+
 def initialize(options: DistributedOptions) -> bool:
   """Joins the run's processes if the options or the environment ask for it.
 
@@ -228,12 +384,14 @@ def initialize(options: DistributedOptions) -> bool:
       num_processes=options.num_processes if options.num_processes > 0 else None,
       process_id=options.process_id if options.process_id >= 0 else None,
       initialization_timeout=options.initialization_timeout + _JAX_GRACE_S,
-      heartbeat_timeout_seconds=options.heartbeat_timeout,
+      # JAX's check is the backstop of ours (_watch_peers), which must fire first.
+      heartbeat_timeout_seconds=2 * options.heartbeat_timeout,
     )
   except Exception as e:  # e.g. ValueError: nothing to detect the cluster from
     raise DistributedError(f"{_join_failure(options, launcher)} JAX said: {e}") from e
   finally:
     joined.set()
+  _watch_peers(options.heartbeat_timeout)
   log.info(
     "Process %d of %d joined (%s); %d local of %d devices.",
     *(jax.process_index(), jax.process_count(), launcher or "flags"),

@@ -18,14 +18,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 import tqdm.contrib.logging
 
 from examples.lena import configs as configs_lib
-from examples.lena import distributed, train
+from examples.lena import distributed, faults, train
 
 
 def parse_args(
@@ -99,20 +101,23 @@ def main(argv: Sequence[str] | None = None) -> None:
   train.log.setLevel(logging.INFO)
   train.log.propagate = False
   config, workdir, options = parse_args(argv)
+  args = sys.argv[1:] if argv is None else list(argv)
+  distributed.set_resume(
+    shlex.join(["python", "-m", "examples.main", *args]), Path(workdir).absolute() / "checkpoints"
+  )
   try:
     distributed.initialize(options)  # before anything touches a device
+    faults.install()
     with tqdm.contrib.logging.logging_redirect_tqdm():  # log lines above the progress bar
       train.train_and_evaluate(config, workdir)
+    distributed.mark_finished()
   except (configs_lib.ConfigError, FileNotFoundError, distributed.DistributedError) as e:
     sys.exit(f"error: {e}")  # the message says what to change; no traceback
   except jax.errors.JaxRuntimeError as e:
     if jax.process_count() == 1:
       raise
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    sys.exit(
-      f"error: process {jax.process_index()}: a collective with the other processes failed "
-      f"(another process probably died or was stopped: see its log): {first}"
-    )
+    # A peer died (or was stopped): a collective lost it. Ends the process (status 1).
+    distributed.end_run("a collective with it failed", str(e))
 
 
 if __name__ == "__main__":
