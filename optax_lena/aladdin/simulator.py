@@ -17,6 +17,8 @@ from optax_lena._src.aladdin.sim.cluster import (
   make_cluster,
   paper_cluster,
 )
+from optax_lena._src.aladdin.sim.engine import Process
+from optax_lena._src.aladdin.sim.processes import simulates
 from optax_lena._src.aladdin.sim.simulator import (
   ALGORITHMS,
   Algorithm,
@@ -38,6 +40,7 @@ __all__ = [
   "EvalPoint",
   "ModelSize",
   "Problem",
+  "Process",
   "SimResult",
   "Simulator",
   "algorithm",
@@ -45,4 +48,5 @@ __all__ = [
   "make_cluster",
   "paper_cluster",
   "simulate",
+  "simulates",
 ]

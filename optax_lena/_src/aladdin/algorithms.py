@@ -124,6 +124,17 @@ class Spec:
     return self.worker_tx
 
 
+def _gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """A step whose message is the gradient at the model, which it leaves as it is."""
+  grad = jax.value_and_grad(loss_fn)
+
+  def gradient(params, opt_state, batch):
+    loss, grads = grad(params, batch)
+    return params, opt_state, grads, loss
+
+  return gradient
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Aladdin(Spec):
   """ALADDIN (Algorithms 1 and 2): wait-free pushes, lazy global updates every ``period``.
@@ -215,22 +226,35 @@ class ArSgd(Spec):
     """The message is the gradient at the model; the reply is the sum of the n gradients (the
     all-reduce), whose mean the worker steps on (divided here, fused into the step: the
     engines then compute the same bits whether the sum is made in the step or elsewhere)."""
-    tx, grad = self._tx(), jax.value_and_grad(loss_fn)
-
-    def gradient(params, opt_state, batch):
-      loss, grads = grad(params, batch)
-      return params, opt_state, grads, loss
+    tx = self._tx()
 
     def apply(state: LocalState, total: Any) -> LocalState:
       mean = jax.tree.map(lambda t: t / num_workers, total)
       updates, opt_state = tx.update(mean, state.opt_state, state.params)
       return LocalState(optax.apply_updates(state.params, updates), opt_state)
 
-    return stepping_program(gradient, tx, apply)
+    return stepping_program(_gradient_step(loss_fn), tx, apply)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Asp(Spec):
+class Symmetric(Spec):
+  """Base of the algorithms whose workers exchange with a server and wait for its answer (ASP,
+  EASGD): after every ``exchange_every``-th local step a worker sends that step's message to the
+  server and applies the :class:`~optax_lena._src.aladdin.server.Reply` before its next step.
+
+  Both engines attach their exchange pattern to this class, so a subclass that defines
+  :meth:`Spec.program` and :meth:`Spec.server` runs in the simulator and on Ray once it is
+  registered (:func:`register`), with no engine code of its own.
+  """
+
+  @property
+  def exchange_every(self) -> int:
+    """Local steps per exchange (1: every step)."""
+    return 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Asp(Symmetric):
   """ASP (Hogwild): a worker sends its gradient and adopts the server's answer.
 
   Attributes:
@@ -262,13 +286,7 @@ class Asp(Spec):
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
     """The message is the gradient at the model; the reply, x~, is adopted."""
-    grad = jax.value_and_grad(loss_fn)
-
-    def gradient(params, opt_state, batch):
-      loss, grads = grad(params, batch)
-      return params, opt_state, grads, loss
-
-    return stepping_program(gradient, None)
+    return stepping_program(_gradient_step(loss_fn), None)
 
   def server(self, num_workers: int) -> Server:
     from optax_lena._src.aladdin.baselines import asp_server
@@ -280,7 +298,7 @@ class Asp(Spec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Easgd(Spec):
+class Easgd(Symmetric):
   """EASGD: local steps; every ``tau`` of them a symmetric elastic exchange with the server.
 
   Attributes:
@@ -302,6 +320,10 @@ class Easgd(Spec):
         f"beta must be None (0.9 / n, the paper's) or in (0, 1] (the elastic moving rate), got "
         f"{self.beta!r}."
       )
+
+  @property
+  def exchange_every(self) -> int:
+    return self.tau
 
   def server(self, num_workers: int) -> Server:
     from optax_lena._src.aladdin.baselines import easgd_server
@@ -398,16 +420,22 @@ class Entry:
     self.engines[engine] = piece
 
   def engine(self, engine: str) -> Any:
-    """The piece ``engine`` attached (an error naming the fix if there is none)."""
-    if engine not in self.engines:
-      raise ValueError(
-        f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
-        f"{engine_names(engine)}."
-      )
-    return self.engines[engine]
+    """The piece ``engine`` attached to this algorithm or to the nearest base class of its spec
+    (an error naming the fix if there is none)."""
+    if engine in self.engines:
+      return self.engines[engine]
+    for cls in self.spec.__mro__:
+      if (cls, engine) in _PATTERNS:
+        return _PATTERNS[cls, engine]
+    raise ValueError(
+      f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
+      f"{engine_names(engine)}."
+    )
 
 
 _REGISTRY: dict[str, Entry] = {}
+# Engine pieces attached to a spec class (``Symmetric``): every registered subclass runs them.
+_PATTERNS: dict[tuple[type, str], Any] = {}
 
 
 def register(spec: type[Spec]) -> type[Spec]:
@@ -423,8 +451,26 @@ def register(spec: type[Spec]) -> type[Spec]:
 
 
 def unregister(name: str) -> None:
-  """Removes a registered algorithm (for tests that register a toy one)."""
+  """Removes a registered algorithm (e.g. a toy one registered by a test)."""
   _REGISTRY.pop(name, None)
+
+
+def attacher(engine: str) -> Callable[..., Callable[[Any], Any]]:
+  """An engine's class decorator ``attach(*targets)``: the class becomes that engine's piece of
+  each target, an algorithm's name or a spec class (whose registered subclasses all run it)."""
+
+  def attach(*targets: str | type[Spec]) -> Callable[[Any], Any]:
+    def decorate(piece: Any) -> Any:
+      for target in targets:
+        if isinstance(target, str):
+          entry(target).attach(engine, piece)
+        else:
+          _PATTERNS[target, engine] = piece
+      return piece
+
+    return decorate
+
+  return attach
 
 
 def names() -> tuple[str, ...]:
@@ -434,7 +480,12 @@ def names() -> tuple[str, ...]:
 
 def engine_names(engine: str) -> tuple[str, ...]:
   """The algorithms an engine implements."""
-  return tuple(name for name, e in _REGISTRY.items() if engine in e.engines)
+  patterns = {cls for cls, e in _PATTERNS if e == engine}
+  return tuple(
+    name
+    for name, e in _REGISTRY.items()
+    if engine in e.engines or patterns.intersection(e.spec.__mro__)
+  )
 
 
 def entry(name: str) -> Entry:

@@ -12,9 +12,9 @@ the timing-only mode does nothing.
   replies to a worker once every ``period`` of its messages.
 * ``ar_sgd``: a barrier every iteration: the all-reduce starts when the slowest worker is done
   and takes the ring all-reduce time; then every worker applies the mean gradient.
-* ``asp``: a worker sends its gradient and waits for the updated global model (symmetric).
-* ``easgd``: local steps; every ``tau`` iterations a worker sends its model to the PS and waits
-  for the elastic exchange's answer.
+* ``asp``, ``easgd`` and every other :class:`~optax_lena._src.aladdin.algorithms.Symmetric`
+  spec: every ``exchange_every`` iterations a worker sends its message to the PS and waits for
+  the answer (ASP: its gradient, every iteration; EASGD: its model, every ``tau``).
 * ``sgp``: push-sum gossip: each iteration a worker sends half its (model, weight) to one peer of
   a directed exponential graph and, before its next iteration, must have received the message
   its in-peer sent one iteration earlier (1-overlap).
@@ -28,15 +28,8 @@ from typing import Any
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.sim.engine import Process, SimWorker
 
-
-def simulates(name: str):
-  """Class decorator: attaches a process to the registry entry of algorithm ``name``."""
-
-  def attach(process: type[Process]) -> type[Process]:
-    algorithms.entry(name).attach("simulator", process)
-    return process
-
-  return attach
+# ``@simulates("name")`` (or a spec class: its registered subclasses) attaches a process.
+simulates = algorithms.attacher("simulator")
 
 
 @dataclasses.dataclass(eq=False)
@@ -155,15 +148,12 @@ class SymmetricWorker(SimWorker):
   pending: int = 0  # shards whose answer has not arrived yet
 
 
-@simulates("asp")
-class AspProcess(Process):
-  """Send the gradient to every shard, wait for all the answers (x~), adopt the last (weight 1)
-  and start the next iteration. (EASGD: the same every ``tau`` local steps, with the model.)"""
+@simulates(algorithms.Symmetric)
+class ExchangeProcess(Process):
+  """Every ``spec.exchange_every`` iterations (ASP: 1, EASGD: ``tau``) send the message to every
+  shard, wait for all the answers, apply the last and start the next iteration."""
 
   worker_type = SymmetricWorker
-
-  def every(self) -> int:
-    return 1
 
   def computed(self, w: SymmetricWorker) -> None:
     e = self.engine
@@ -172,7 +162,7 @@ class AspProcess(Process):
     message = self.compute.step(w)
     w.idle_since = e.now
     self.count_samples(self.batch_size)
-    if w.iterations % self.every():
+    if w.iterations % self.spec.exchange_every:
       self.begin(w)
       return
     w.messages += 1
@@ -196,14 +186,6 @@ class AspProcess(Process):
     if w.pending == 0:
       self.compute.apply(w, reply)
       self.begin(w)
-
-
-@simulates("easgd")
-class EasgdProcess(AspProcess):
-  """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
-
-  def every(self) -> int:
-    return int(self.spec.tau)
 
 
 @dataclasses.dataclass(eq=False)
