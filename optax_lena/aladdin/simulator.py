@@ -7,6 +7,7 @@ helpers below are its cost model; a :class:`Simulator` keeps one algorithm's com
 for many runs. See ``docs/ALADDIN.md``, section 5.
 """
 
+from optax_lena._src.aladdin.algorithms import algorithm
 from optax_lena._src.aladdin.sim.cluster import (
   GIGABIT,
   PAPER_MODELS,
@@ -26,7 +27,6 @@ from optax_lena._src.aladdin.sim.simulator import (
   Problem,
   SimResult,
   Simulator,
-  algorithm,
   simulate,
 )
 

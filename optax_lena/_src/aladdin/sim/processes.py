@@ -1,23 +1,8 @@
-"""The message pattern of every algorithm in the simulator: one process per algorithm.
-
-Each process attaches itself to its algorithm's registry entry (the registry of
-:mod:`optax_lena._src.aladdin.algorithms` is the only table from a name to an algorithm); it
-calls the compute object for every computation (the spec's worker program and server), which in
-the timing-only mode does nothing.
-
-* ``aladdin``: a worker computes, applies its local self-update, pushes its message to the PS and
-  starts its next iteration at once (it never waits, unless ``Cluster.send_buffer`` bounds the
-  messages queued on its uplink and the link does not keep up); the replies that arrived during
-  an iteration are merged (Eq. 3) at its end. The PS processes messages in arrival order and
-  replies to a worker once every ``period`` of its messages.
-* ``ar_sgd``: a barrier every iteration: the all-reduce starts when the slowest worker is done
-  and takes the ring all-reduce time; then every worker applies the mean gradient.
-* ``asp``, ``easgd`` and every other :class:`~optax_lena._src.aladdin.algorithms.Symmetric`
-  spec: every ``exchange_every`` iterations a worker sends its message to the PS and waits for
-  the answer (ASP: its gradient, every iteration; EASGD: its model, every ``tau``).
-* ``sgp``: push-sum gossip: each iteration a worker sends half its (model, weight) to one peer of
-  a directed exponential graph and, before its next iteration, must have received the message
-  its in-peer sent one iteration earlier (1-overlap).
+"""The message pattern of every algorithm in the simulator: one process per algorithm (or per
+spec class: :class:`ExchangeProcess` runs every ``Symmetric`` spec), attached to the algorithm
+registry by :func:`simulates`. A process decides who waits for what and when; it calls the
+compute object for every computation (the spec's worker program and server), which in the
+timing-only mode does nothing. ``docs/ALADDIN.md`` (section 5) tabulates the patterns.
 """
 
 from __future__ import annotations
