@@ -45,17 +45,7 @@ class Server(Protocol):
 
 
 def _check_tx(tx: Any, field: str, example: str) -> None:
-  if tx is not None and not isinstance(tx, optax.GradientTransformation):
-    raise TypeError(
-      f"{field} must be an Optax GradientTransformation (e.g. {example}) or None, got "
-      f"{type(tx).__name__}."
-    )
-
-
-def _check_positive_int(value: Any, field: str, meaning: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}.")
-  return value
+  checks.check_tx(tx, field, example, optional=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,7 +164,9 @@ class Aladdin(Spec):
     checks.check_normalise(self.normalise)
     object.__setattr__(self, "alpha", checks.check_alpha(self.alpha))
     if self.reply_every is not None:
-      _check_positive_int(self.reply_every, "reply_every", "messages between forwarded replies")
+      checks.check_positive_int(
+        self.reply_every, "reply_every", "messages between forwarded replies"
+      )
 
   @property
   def resolved_server_tx(self) -> optax.GradientTransformation:
@@ -314,7 +306,7 @@ class Easgd(Symmetric):
 
   def __post_init__(self) -> None:
     super().__post_init__()
-    _check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
+    checks.check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
     if self.beta is not None and (isinstance(self.beta, bool) or not 0.0 < float(self.beta) <= 1.0):
       raise ValueError(
         f"beta must be None (0.9 / n, the paper's) or in (0, 1] (the elastic moving rate), got "

@@ -227,11 +227,7 @@ def parameter_server(
   period = checks.check_period(period)
   normalise = checks.check_normalise(normalise)
   alpha = checks.check_alpha(alpha)
-  if not isinstance(server_tx, optax.GradientTransformation):
-    raise TypeError(
-      f"server_tx must be an Optax GradientTransformation (e.g. optax.sgd(eta)), got "
-      f"{type(server_tx).__name__}."
-    )
+  checks.check_tx(server_tx, "server_tx", "optax.sgd(eta)")
 
   def init_fn(params: PyTree) -> ServerState:
     return ServerState(

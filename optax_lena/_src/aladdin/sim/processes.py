@@ -59,11 +59,7 @@ class AladdinProcess(Process):
     e = self.engine
     # Push the message (each shard its slice); do not wait for an answer.
     w.messages += 1
-    src = self.cluster.worker_nic(w.index)
-    left = e.now
-    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
-      left = e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
-    w.leaving.append(left)
+    w.leaving.append(self.to_shards(w, message))
     # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
     for reply in w.inbox:
       self.compute.apply(w, reply)
@@ -87,14 +83,7 @@ class AladdinProcess(Process):
     self.engine.log("receive", w.index)
     reply = self.compute.receive(w, message)
     if send:
-      self.engine.send(
-        self.cluster.ps_nic(s),
-        self.cluster.worker_nic(w.index),
-        nbytes,
-        self.reply_arrive,
-        w,
-        reply,
-      )
+      self.to_worker(s, w, nbytes, reply)
 
   def reply_arrive(self, w: AladdinWorker, reply: Any) -> None:
     self.engine.log("reply", w.index)
@@ -152,18 +141,13 @@ class ExchangeProcess(Process):
       return
     w.messages += 1
     w.pending = self.cluster.num_shards
-    src = self.cluster.worker_nic(w.index)
-    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
-      e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
+    self.to_shards(w, message)
 
   def ps_arrive(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
     self.engine.ps_process(s, nbytes, True, self.ps_done, s, w, nbytes, message)
 
   def ps_done(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
-    reply = self.compute.receive(w, message)
-    self.engine.send(
-      self.cluster.ps_nic(s), self.cluster.worker_nic(w.index), nbytes, self.reply_arrive, w, reply
-    )
+    self.to_worker(s, w, nbytes, self.compute.receive(w, message))
 
   def reply_arrive(self, w: SymmetricWorker, reply: Any) -> None:
     self.engine.log("reply", w.index)
