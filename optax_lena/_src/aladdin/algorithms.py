@@ -6,8 +6,8 @@ registry (:func:`register`, :func:`algorithm`, :func:`entry`) is the one table t
 to its spec. Every spec carries its algorithm's pure pieces: the worker side
 (:meth:`Spec.program`, a :class:`~optax_lena._src.aladdin.worker.WorkerProgram` that both engines
 run) and the server (:meth:`Spec.server`, if it has one). An engine attaches only its message
-pattern to a registry entry (the simulator its process, the Ray runtime its iteration:
-:meth:`Entry.attach`).
+pattern (the simulator its process, the Ray runtime its iteration: :func:`attacher`), to a name
+or to a spec class such as :class:`Symmetric`, whose registered subclasses then run it.
 
 The defaults of :class:`Aladdin` are the recommended recipe (``docs/ALADDIN.md``); the printed
 paper (Algorithms 1 and 2 read literally) is ``message="gradient", server_tx=optax.sgd(eta),

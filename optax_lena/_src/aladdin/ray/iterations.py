@@ -90,7 +90,14 @@ def _stats(compute: float, sleep: float, wait: float) -> Stats:
 
 
 class Iteration:
-  """What every algorithm's iteration has (subclass per algorithm)."""
+  """What every algorithm's iteration has (subclass per message pattern; ``@ad.runs(name)``
+  attaches one to an algorithm, or to a spec class for its registered subclasses).
+
+  A subclass implements :meth:`iterate` on ``self.local`` (a :class:`Local`: the program, its
+  state, the batches and the transport) and ``self.spec``; by default its workers talk to PS
+  shards, which the driver starts (:meth:`start_peers`) and reads the global model from
+  (:meth:`global_params`).
+  """
 
   plain: Any  # the jitted local step without a merge: ``plain(state, batch)``
 
@@ -107,6 +114,12 @@ class Iteration:
     """The global model: the shards' x~ (ALADDIN, ASP, EASGD)."""
     replies = driver._get([s.params.remote() for s in driver.shards], timeout)
     return driver.layout.to_tree(driver.layout.join([p for p, _ in replies]))
+
+  def iterate(self, sync: bool, deadline: float | None) -> Stats:
+    """One iteration (``sync``: waiting for every reply; ``deadline``: ``time.time()`` at which
+    the run ends); returns its ``compute_s``, ``sleep_s`` and ``wait_s`` (``skipped``: 1.0 if
+    it did not count)."""
+    raise NotImplementedError
 
   def warm_up(self, batch: Any) -> None:
     """Compiles every piece before the run (results discarded)."""

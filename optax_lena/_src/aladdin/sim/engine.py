@@ -124,8 +124,8 @@ class Process:
 
   A subclass sets ``worker_type`` (its :class:`SimWorker` record), implements :meth:`computed`
   (a worker finished an iteration) and the handlers it schedules, and calls the compute object
-  for every computation; it attaches itself to the algorithm's registry entry
-  (``entry(name).attach("simulator", cls)``).
+  for every computation; ``@sim.simulates(name)`` attaches it to an algorithm (or to a spec
+  class, for every registered subclass).
   """
 
   worker_type: ClassVar[type[SimWorker]] = SimWorker
