@@ -198,3 +198,6 @@ def test_both_engines_run_a_new_algorithm_bit_for_bit(registered, name):
   for s, r in zip(sim_models, ray_models, strict=True):
     engines.assert_same_tree(s, r)
   assert not np.array_equal(layout.to_vector(sim_models[0]), layout.to_vector(params))
+  if name == "averaging":  # the merges made the workers' models differ from local training
+    alone = engines.run_sim(LocalOnly(worker_tx=spec.worker_tx), problem, batches, [])[1]
+    assert not np.array_equal(layout.to_vector(alone[0]), layout.to_vector(sim_models[0]))
