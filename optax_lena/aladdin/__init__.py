@@ -18,8 +18,10 @@ from optax_lena._src.aladdin.algorithms import (
   Easgd,
   Sgp,
   Spec,
+  Symmetric,
   algorithm,
   register,
+  unregister,
 )
 from optax_lena._src.aladdin.baselines import (
   SGP,
@@ -69,6 +71,7 @@ __all__ = [
   "ServerState",
   "Sgp",
   "Spec",
+  "Symmetric",
   "WorkerProgram",
   "algorithm",
   "all_finite",
@@ -81,6 +84,7 @@ __all__ = [
   "parameter_server",
   "register",
   "sgp",
+  "unregister",
   "worker_merge",
 ]
 

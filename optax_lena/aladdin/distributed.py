@@ -28,7 +28,6 @@ except ImportError as _err:  # pragma: no cover - depends on the installation
 
 from optax_lena._src.aladdin import algorithms as _algorithms
 from optax_lena._src.aladdin.ray import channel, cores
-from optax_lena._src.aladdin.ray import iterations as _iterations  # noqa: F401 - attaches Ray's
 from optax_lena._src.aladdin.ray.bootstrap import connect
 from optax_lena._src.aladdin.ray.config import (
   ClusterLostError,
@@ -39,6 +38,7 @@ from optax_lena._src.aladdin.ray.config import (
   Task,
 )
 from optax_lena._src.aladdin.ray.driver import Runtime
+from optax_lena._src.aladdin.ray.iterations import Iteration, runs  # importing attaches Ray's
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
@@ -50,6 +50,7 @@ __all__ = [
   "ClusterLostError",
   "Config",
   "Interrupted",
+  "Iteration",
   "Plan",
   "RunResult",
   "Runtime",
@@ -58,4 +59,5 @@ __all__ = [
   "connect",
   "cores",
   "exit_on_stop_signals",
+  "runs",
 ]

@@ -7,6 +7,7 @@ helpers below are its cost model; a :class:`Simulator` keeps one algorithm's com
 for many runs. See ``docs/ALADDIN.md``, section 5.
 """
 
+from optax_lena._src.aladdin.algorithms import algorithm
 from optax_lena._src.aladdin.sim.cluster import (
   GIGABIT,
   PAPER_MODELS,
@@ -17,6 +18,8 @@ from optax_lena._src.aladdin.sim.cluster import (
   make_cluster,
   paper_cluster,
 )
+from optax_lena._src.aladdin.sim.engine import Process
+from optax_lena._src.aladdin.sim.processes import simulates
 from optax_lena._src.aladdin.sim.simulator import (
   ALGORITHMS,
   Algorithm,
@@ -24,7 +27,6 @@ from optax_lena._src.aladdin.sim.simulator import (
   Problem,
   SimResult,
   Simulator,
-  algorithm,
   simulate,
 )
 
@@ -38,6 +40,7 @@ __all__ = [
   "EvalPoint",
   "ModelSize",
   "Problem",
+  "Process",
   "SimResult",
   "Simulator",
   "algorithm",
@@ -45,4 +48,5 @@ __all__ = [
   "make_cluster",
   "paper_cluster",
   "simulate",
+  "simulates",
 ]

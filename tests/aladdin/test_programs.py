@@ -133,7 +133,7 @@ def run_ray(
   """The Ray iterations of the n workers, deterministic round-robin (``step_sync``)."""
   layout = FlatLayout(problem.params, 1)
   shared: dict[str, Any] = {}
-  transport: Any = Reducers(totals) if spec.name == "ar_sgd" else Mailbox()
+  transport: Any = Reducers(totals) if spec.synchronous else Mailbox()
   iterations = []
   for i in range(N):
     program = spec.program(problem.loss_fn, N)
@@ -154,9 +154,9 @@ def run_ray(
       [t.join() for t in threads]
     else:
       [one(it) for it in iterations]
-  if spec.name == "ar_sgd":
+  if spec.synchronous:
     sent = [transport.sent[k, i] for k in range(ROUNDS) for i in range(N)]
-  elif spec.name == "sgp":
+  elif spec.server(N) is None:
     sent = transport.sent
   else:
     sent = [m for it in iterations for m in it.local.transport.sent]
@@ -176,6 +176,7 @@ def run_sim(
   ordered: list[Any] = []
   inbox: dict[tuple[int, int], Any] = {}
   gossip = spec.gossip(N) if spec.name == "sgp" else None
+  served = spec.server(N) is not None
   for k in range(ROUNDS):
     if spec.synchronous:
       messages, summed = compute.cluster_step(workers)
@@ -190,7 +191,7 @@ def run_sim(
         if k >= 1:
           compute.apply(w, inbox.pop((w.index, k - 1)))
         continue
-      if spec.name == "easgd" and (k + 1) % spec.tau:
+      if not served or (isinstance(spec, al.Symmetric) and (k + 1) % spec.exchange_every):
         continue
       sent[w.index].append(message)
       reply = compute.receive(w, message)
@@ -201,17 +202,23 @@ def run_sim(
   return ordered, [compute.program.params(w.model.state) for w in workers]
 
 
-@pytest.mark.parametrize("case", sorted(SPECS))
-def test_both_engines_run_the_same_program_bit_for_bit(case: str) -> None:
+def problem_and_batches() -> tuple[Any, list[list[Any]], Any]:
+  """The tiny problem from random parameters, and every worker's batches."""
   problem = cases.tiny_problem()
   rng = np.random.default_rng(1)
   params = jax.tree.map(
     lambda p: jnp.asarray(rng.normal(size=p.shape) * 0.1, p.dtype), problem.params
   )
   problem = dataclasses.replace(problem, params=params)
-  spec = al.algorithm(case.split("_gradient")[0], **SPECS[case])
   idx = rng.integers(0, len(problem.x_train), size=(N, ROUNDS, BATCH))
   batches = [[(problem.x_train[j], problem.y_train[j]) for j in idx[i]] for i in range(N)]
+  return problem, batches, params
+
+
+@pytest.mark.parametrize("case", sorted(SPECS))
+def test_both_engines_run_the_same_program_bit_for_bit(case: str) -> None:
+  problem, batches, params = problem_and_batches()
+  spec = al.algorithm(case.split("_gradient")[0], **SPECS[case])
   layout = FlatLayout(problem.params, 1)
   totals: list[np.ndarray] = []  # AR-SGD's all-reduce sums, per round
   sim_sent, sim_models = run_sim(spec, problem, batches, totals)

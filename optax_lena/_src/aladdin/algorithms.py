@@ -6,8 +6,8 @@ registry (:func:`register`, :func:`algorithm`, :func:`entry`) is the one table t
 to its spec. Every spec carries its algorithm's pure pieces: the worker side
 (:meth:`Spec.program`, a :class:`~optax_lena._src.aladdin.worker.WorkerProgram` that both engines
 run) and the server (:meth:`Spec.server`, if it has one). An engine attaches only its message
-pattern to a registry entry (the simulator its process, the Ray runtime its iteration:
-:meth:`Entry.attach`).
+pattern (the simulator its process, the Ray runtime its iteration: :func:`attacher`), to a name
+or to a spec class such as :class:`Symmetric`, whose registered subclasses then run it.
 
 The defaults of :class:`Aladdin` are the recommended recipe (``docs/ALADDIN.md``); the printed
 paper (Algorithms 1 and 2 read literally) is ``message="gradient", server_tx=optax.sgd(eta),
@@ -45,17 +45,7 @@ class Server(Protocol):
 
 
 def _check_tx(tx: Any, field: str, example: str) -> None:
-  if tx is not None and not isinstance(tx, optax.GradientTransformation):
-    raise TypeError(
-      f"{field} must be an Optax GradientTransformation (e.g. {example}) or None, got "
-      f"{type(tx).__name__}."
-    )
-
-
-def _check_positive_int(value: Any, field: str, meaning: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}.")
-  return value
+  checks.check_tx(tx, field, example, optional=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,6 +114,17 @@ class Spec:
     return self.worker_tx
 
 
+def _gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """A step whose message is the gradient at the model, which it leaves as it is."""
+  grad = jax.value_and_grad(loss_fn)
+
+  def gradient(params, opt_state, batch):
+    loss, grads = grad(params, batch)
+    return params, opt_state, grads, loss
+
+  return gradient
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Aladdin(Spec):
   """ALADDIN (Algorithms 1 and 2): wait-free pushes, lazy global updates every ``period``.
@@ -163,7 +164,9 @@ class Aladdin(Spec):
     checks.check_normalise(self.normalise)
     object.__setattr__(self, "alpha", checks.check_alpha(self.alpha))
     if self.reply_every is not None:
-      _check_positive_int(self.reply_every, "reply_every", "messages between forwarded replies")
+      checks.check_positive_int(
+        self.reply_every, "reply_every", "messages between forwarded replies"
+      )
 
   @property
   def resolved_server_tx(self) -> optax.GradientTransformation:
@@ -215,22 +218,35 @@ class ArSgd(Spec):
     """The message is the gradient at the model; the reply is the sum of the n gradients (the
     all-reduce), whose mean the worker steps on (divided here, fused into the step: the
     engines then compute the same bits whether the sum is made in the step or elsewhere)."""
-    tx, grad = self._tx(), jax.value_and_grad(loss_fn)
-
-    def gradient(params, opt_state, batch):
-      loss, grads = grad(params, batch)
-      return params, opt_state, grads, loss
+    tx = self._tx()
 
     def apply(state: LocalState, total: Any) -> LocalState:
       mean = jax.tree.map(lambda t: t / num_workers, total)
       updates, opt_state = tx.update(mean, state.opt_state, state.params)
       return LocalState(optax.apply_updates(state.params, updates), opt_state)
 
-    return stepping_program(gradient, tx, apply)
+    return stepping_program(_gradient_step(loss_fn), tx, apply)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Asp(Spec):
+class Symmetric(Spec):
+  """Base of the algorithms whose workers exchange with a server and wait for its answer (ASP,
+  EASGD): after every ``exchange_every``-th local step a worker sends that step's message to the
+  server and applies the :class:`~optax_lena._src.aladdin.server.Reply` before its next step.
+
+  Both engines attach their exchange pattern to this class, so a subclass that defines
+  :meth:`Spec.program` and :meth:`Spec.server` runs in the simulator and on Ray once it is
+  registered (:func:`register`), with no engine code of its own.
+  """
+
+  @property
+  def exchange_every(self) -> int:
+    """Local steps per exchange (1: every step)."""
+    return 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Asp(Symmetric):
   """ASP (Hogwild): a worker sends its gradient and adopts the server's answer.
 
   Attributes:
@@ -262,13 +278,7 @@ class Asp(Spec):
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
     """The message is the gradient at the model; the reply, x~, is adopted."""
-    grad = jax.value_and_grad(loss_fn)
-
-    def gradient(params, opt_state, batch):
-      loss, grads = grad(params, batch)
-      return params, opt_state, grads, loss
-
-    return stepping_program(gradient, None)
+    return stepping_program(_gradient_step(loss_fn), None)
 
   def server(self, num_workers: int) -> Server:
     from optax_lena._src.aladdin.baselines import asp_server
@@ -280,7 +290,7 @@ class Asp(Spec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Easgd(Spec):
+class Easgd(Symmetric):
   """EASGD: local steps; every ``tau`` of them a symmetric elastic exchange with the server.
 
   Attributes:
@@ -296,12 +306,16 @@ class Easgd(Spec):
 
   def __post_init__(self) -> None:
     super().__post_init__()
-    _check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
+    checks.check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
     if self.beta is not None and (isinstance(self.beta, bool) or not 0.0 < float(self.beta) <= 1.0):
       raise ValueError(
         f"beta must be None (0.9 / n, the paper's) or in (0, 1] (the elastic moving rate), got "
         f"{self.beta!r}."
       )
+
+  @property
+  def exchange_every(self) -> int:
+    return self.tau
 
   def server(self, num_workers: int) -> Server:
     from optax_lena._src.aladdin.baselines import easgd_server
@@ -398,16 +412,22 @@ class Entry:
     self.engines[engine] = piece
 
   def engine(self, engine: str) -> Any:
-    """The piece ``engine`` attached (an error naming the fix if there is none)."""
-    if engine not in self.engines:
-      raise ValueError(
-        f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
-        f"{engine_names(engine)}."
-      )
-    return self.engines[engine]
+    """The piece ``engine`` attached to this algorithm or to the nearest base class of its spec
+    (an error naming the fix if there is none)."""
+    if engine in self.engines:
+      return self.engines[engine]
+    for cls in self.spec.__mro__:
+      if (cls, engine) in _PATTERNS:
+        return _PATTERNS[cls, engine]
+    raise ValueError(
+      f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
+      f"{engine_names(engine)}."
+    )
 
 
 _REGISTRY: dict[str, Entry] = {}
+# Engine pieces attached to a spec class (``Symmetric``): every registered subclass runs them.
+_PATTERNS: dict[tuple[type, str], Any] = {}
 
 
 def register(spec: type[Spec]) -> type[Spec]:
@@ -423,8 +443,26 @@ def register(spec: type[Spec]) -> type[Spec]:
 
 
 def unregister(name: str) -> None:
-  """Removes a registered algorithm (for tests that register a toy one)."""
+  """Removes a registered algorithm (e.g. a toy one registered by a test)."""
   _REGISTRY.pop(name, None)
+
+
+def attacher(engine: str) -> Callable[..., Callable[[Any], Any]]:
+  """An engine's class decorator ``attach(*targets)``: the class becomes that engine's piece of
+  each target, an algorithm's name or a spec class (whose registered subclasses all run it)."""
+
+  def attach(*targets: str | type[Spec]) -> Callable[[Any], Any]:
+    def decorate(piece: Any) -> Any:
+      for target in targets:
+        if isinstance(target, str):
+          entry(target).attach(engine, piece)
+        else:
+          _PATTERNS[target, engine] = piece
+      return piece
+
+    return decorate
+
+  return attach
 
 
 def names() -> tuple[str, ...]:
@@ -434,7 +472,12 @@ def names() -> tuple[str, ...]:
 
 def engine_names(engine: str) -> tuple[str, ...]:
   """The algorithms an engine implements."""
-  return tuple(name for name, e in _REGISTRY.items() if engine in e.engines)
+  patterns = {cls for cls, e in _PATTERNS if e == engine}
+  return tuple(
+    name
+    for name, e in _REGISTRY.items()
+    if engine in e.engines or patterns.intersection(e.spec.__mro__)
+  )
 
 
 def entry(name: str) -> Entry:

@@ -116,17 +116,12 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
     An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, reply)``, the same
     :class:`Reply` as ALADDIN's server: ``reply.params`` is the new x~, ``reply.alpha`` 1 and
     ``reply.ready`` True, so ``worker_merge(x, reply.params, reply.alpha)`` adopts x~ exactly.
-    ``worker`` is accepted for the interface of the other servers and not used. (Before the
-    servers shared one reply type, ``receive`` returned x~ itself: read ``reply.params``.)
+    ``worker`` is accepted for the interface of the other servers and not used.
 
   References:
     Recht et al., Hogwild!, NeurIPS 2011; Ko et al., ALADDIN, CIKM 2021, Section 4 (ASP).
   """
-  if not isinstance(server_tx, optax.GradientTransformation):
-    raise TypeError(
-      f"server_tx must be an Optax GradientTransformation (e.g. optax.sgd(eta)), got "
-      f"{type(server_tx).__name__}."
-    )
+  checks.check_tx(server_tx, "server_tx", "optax.sgd(eta)")
 
   def init_fn(params: PyTree) -> ASPState:
     zero = jnp.zeros([], jnp.int32)
@@ -206,8 +201,7 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     (asynchronous EASGD, Algorithm 1); Ko et al., ALADDIN, CIKM 2021, Section 4.
   """
   num_workers = checks.check_num_workers(num_workers)
-  if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-    raise ValueError(f"tau must be an int >= 1 (local steps between exchanges), got {tau!r}.")
+  checks.check_positive_int(tau, "tau", "local steps between exchanges")
   if beta is None:
     beta = 0.9 / num_workers
   if isinstance(beta, bool) or not 0.0 < float(beta) <= 1.0:

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 
 PyTree = Any
 
@@ -70,6 +71,23 @@ def check_alpha(alpha: Any) -> str | float:
       f"alpha must be in [0, 1] (0: the worker keeps its own model, 1: it adopts the global "
       f"model), got {value}. Use 'count' or 'n_pi' for the paper's rules."
     )
+  return value
+
+
+def check_tx(tx: Any, field: str, example: str, optional: bool = False) -> Any:
+  """``tx`` is an Optax transformation (or, ``optional``, None)."""
+  if not (isinstance(tx, optax.GradientTransformation) or (optional and tx is None)):
+    raise TypeError(
+      f"{field} must be an Optax GradientTransformation (e.g. {example})"
+      f"{' or None' if optional else ''}, got {type(tx).__name__}."
+    )
+  return tx
+
+
+def check_positive_int(value: Any, field: str, meaning: str) -> int:
+  """``value`` is an int >= 1 (a ValueError naming ``meaning`` otherwise)."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}.")
   return value
 
 

@@ -19,8 +19,6 @@ from optax_lena._src.aladdin import checks
 
 PyTree = Any
 
-_MODE = "while"
-
 _GRADS_FIX = (
   "Send the gradient of the same parameter pytree the server was initialised with (one leaf per "
   "parameter, same shapes and dtypes)."
@@ -70,28 +68,8 @@ class Reply(NamedTuple):
 
 
 class ParameterServer(NamedTuple):
-  """A parameter server: ``init(params) -> state``, ``receive(state, grads, worker)``.
-
-  The configuration (``num_workers``, ``period``, ``normalise``, ``alpha``) is kept for
-  inspection; ``receive`` and ``serve`` are pure and jittable. ``serve(state, grads, worker,
-  accept=None) -> (state, ready, alpha)`` is ``receive`` for a server loop that jits it with
-  the state donated: the reply's model is ``state.params`` when ``ready``, so no message pays a
-  copy of x~ (a jitted function that returns x~ twice, in the state and in the reply, must copy
-  it). ``accept`` is the sender's verdict on the whole message (a bool scalar: every element
-  finite), for a sender that computed it where it made the message, fused into its own step:
-  the server then applies the verdict instead of making a pass of its own over the message
-  (XLA:CPU cannot fuse that reduction with the accumulation it guards). A rejected message
-  leaves the state as ``receive`` leaves it. Pass it only from code that computed it on the
-  exact values sent (the Ray workers compute it in their step); ``None``: the server checks.
-  ``serve_many(state, messages, worker, accept=None) -> (state, n, alphas, replies)`` is ``k``
-  calls of ``serve`` in order, for ``k`` messages of one worker stacked on a leading axis
-  (``accept``: ``k`` verdicts): the same values (only the sign of a zero in the reset g~ may
-  differ), and the ``n`` global updates they triggered are ``alphas[:n]`` and ``replies[:n]``
-  (x~ after each). A worker triggers at most once in any ``period`` of its
-  messages, so the triggers are known from the counters before any pass over the messages, and
-  each block of ``period`` messages is added in order in one fused pass (a block with a trigger
-  adds the step and the reset) instead of one pass per message.
-  """
+  """What :func:`parameter_server` returns: its pure, jittable functions (``init``, ``receive``,
+  ``serve``, ``serve_many``, described there) and its configuration, kept for inspection."""
 
   init: Callable[[PyTree], ServerState]
   receive: Callable[[ServerState, PyTree, Any], tuple[ServerState, Reply]]
@@ -222,12 +200,24 @@ def parameter_server(
     alpha: ``"count"``, ``"n_pi"`` or a float in [0, 1] (see above).
 
   Returns:
-    A :class:`ParameterServer` with ``init(params) -> ServerState``,
-    ``receive(state, grads, worker) -> (state, Reply)`` and ``serve(state, grads, worker,
-    accept=None) -> (state, ready, alpha)`` (the same step; x~ is ``state.params``; ``accept``
-    the sender's finiteness verdict, see :class:`ParameterServer`) and ``serve_many`` (``k``
-    messages of one worker in one call); ``worker`` is a Python int or an int32 scalar (traced
-    under ``jit``).
+    A :class:`ParameterServer`; ``worker`` is a Python int or an int32 scalar (traced under
+    ``jit``) in all of its functions:
+
+    * ``init(params) -> ServerState``; ``receive(state, grads, worker) -> (state, Reply)``.
+    * ``serve(state, grads, worker, accept=None) -> (state, ready, alpha)``: ``receive`` for a
+      server loop that jits it with the state donated; the reply's model is ``state.params``
+      when ``ready``, so no message pays a copy of x~. ``accept`` is the sender's verdict on the
+      whole message (a bool scalar: every element finite), computed where it made the message,
+      on the exact values sent: the server applies it instead of a pass of its own over the
+      message (XLA:CPU cannot fuse that reduction with the accumulation it guards); ``None``:
+      the server checks.
+    * ``serve_many(state, messages, worker, accept=None) -> (state, n, alphas, replies)``: ``k``
+      calls of ``serve`` for ``k`` messages of one worker stacked on a leading axis (``accept``:
+      ``k`` verdicts), with the same values (only the sign of a zero in the reset g~ may
+      differ); the ``n`` global updates they triggered are ``alphas[:n]`` and ``replies[:n]``
+      (x~ after each). A worker triggers at most once in any ``period`` of its messages, so the
+      triggers are known from the counters before any pass, and each block of ``period``
+      messages is added in one fused pass.
 
   References:
     Ko et al., ALADDIN, CIKM 2021: Algorithm 2 (server), Algorithm 1 (worker), Eq. 3 (merge),
@@ -237,11 +227,7 @@ def parameter_server(
   period = checks.check_period(period)
   normalise = checks.check_normalise(normalise)
   alpha = checks.check_alpha(alpha)
-  if not isinstance(server_tx, optax.GradientTransformation):
-    raise TypeError(
-      f"server_tx must be an Optax GradientTransformation (e.g. optax.sgd(eta)), got "
-      f"{type(server_tx).__name__}."
-    )
+  checks.check_tx(server_tx, "server_tx", "optax.sgd(eta)")
 
   def init_fn(params: PyTree) -> ServerState:
     return ServerState(

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optax_lena._src.aladdin import checks
+
 PyTree = Any
 
 
@@ -152,11 +154,7 @@ def local_step(
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable as loss_fn(params, batch), got {loss_fn!r}.")
-  if not isinstance(tx, optax.GradientTransformation):
-    raise TypeError(
-      f"tx must be an Optax GradientTransformation (e.g. al.local_optimizer(0.1)), got "
-      f"{type(tx).__name__}."
-    )
+  checks.check_tx(tx, "tx", "al.local_optimizer(0.1)")
   send_update = check_message(message) == "update"
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=has_aux)
 

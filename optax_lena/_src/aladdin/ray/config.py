@@ -300,11 +300,6 @@ class Config:
   def name(self) -> str:
     return str(self.algorithm.name)
 
-  @property
-  def served(self) -> bool:
-    """Whether the workers talk to parameter-server shards."""
-    return self.algorithm.server(self.num_workers) is not None
-
 
 @dataclasses.dataclass
 class RunResult:

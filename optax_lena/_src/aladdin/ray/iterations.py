@@ -33,6 +33,10 @@ Stats = dict[str, float]
 STEPS_AHEAD = 2
 
 
+# ``@runs("name")`` (or a spec class: its registered subclasses) attaches an iteration.
+runs = algorithms.attacher("ray")
+
+
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
   """``fn(*args)`` waited for, and its seconds."""
   import jax
@@ -86,7 +90,14 @@ def _stats(compute: float, sleep: float, wait: float) -> Stats:
 
 
 class Iteration:
-  """What every algorithm's iteration has (subclass per algorithm)."""
+  """What every algorithm's iteration has (subclass per message pattern; ``@ad.runs(name)``
+  attaches one to an algorithm, or to a spec class for its registered subclasses).
+
+  A subclass implements :meth:`iterate` on ``self.local`` (a :class:`Local`: the program, its
+  state, the batches and the transport) and ``self.spec``; by default its workers talk to PS
+  shards, which the driver starts (:meth:`start_peers`) and reads the global model from
+  (:meth:`global_params`).
+  """
 
   plain: Any  # the jitted local step without a merge: ``plain(state, batch)``
 
@@ -103,6 +114,12 @@ class Iteration:
     """The global model: the shards' x~ (ALADDIN, ASP, EASGD)."""
     replies = driver._get([s.params.remote() for s in driver.shards], timeout)
     return driver.layout.to_tree(driver.layout.join([p for p, _ in replies]))
+
+  def iterate(self, sync: bool, deadline: float | None) -> Stats:
+    """One iteration (``sync``: waiting for every reply; ``deadline``: ``time.time()`` at which
+    the run ends); returns its ``compute_s``, ``sleep_s`` and ``wait_s`` (``skipped``: 1.0 if
+    it did not count)."""
+    raise NotImplementedError
 
   def warm_up(self, batch: Any) -> None:
     """Compiles every piece before the run (results discarded)."""
@@ -252,6 +269,7 @@ class Served(Iteration):
     return wait
 
 
+@runs("aladdin")
 class AladdinIteration(Served):
   """Algorithm 1: local step, push (no waiting: the outbox sends, folding while
   ``max_inflight`` calls are unanswered), merge the replies that have arrived.
@@ -324,26 +342,16 @@ class AladdinIteration(Served):
     return _stats(compute, sleep, wait)
 
 
-class AspIteration(Served):
-  """Hogwild: the gradient at the current model, sent; wait for x~ and adopt it. (EASGD: the
-  same every ``tau``-th local step, the message being the model.)"""
-
-  def every(self) -> int:
-    return 1
+@runs(algorithms.Symmetric)
+class ExchangeIteration(Served):
+  """ASP, EASGD and every other symmetric spec: a local step; after every
+  ``spec.exchange_every``-th, send its message, wait for the answer and apply it."""
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     message, finite, compute = self.step()
     sleep = self.local.sleep_for(compute)
-    exchange = (self.local.iteration + 1) % self.every() == 0
+    exchange = (self.local.iteration + 1) % self.spec.exchange_every == 0
     return _stats(compute, sleep, self.exchange(message, finite) if exchange else 0.0)
-
-
-class EasgdIteration(AspIteration):
-  """Elastic averaging: local steps; every ``tau``-th, exchange the model with the shards and
-  adopt the answer."""
-
-  def every(self) -> int:
-    return int(self.spec.tau)
 
 
 class ReducerLink:
@@ -360,6 +368,7 @@ class ReducerLink:
     return self.layout.join(ray.get(refs))
 
 
+@runs("ar_sgd")
 class ArSgdIteration(Iteration):
   """Synchronous: the gradient, all-reduced by the reducers (a barrier), the same step on every
   worker."""
@@ -430,6 +439,7 @@ class MailboxLink:
     return ray.get(handle) if ready else None
 
 
+@runs("sgp")
 class SgpIteration(Iteration):
   """Push-sum gossip: step on the de-biased model, keep half, push half to this round's peer,
   then mix the message the in-peer pushed ``overlap`` rounds earlier (the paper: 1), waiting for
@@ -503,13 +513,3 @@ class SgpIteration(Iteration):
       _, more = self._receive(deadline)
       wait += more
     return _stats(compute, sleep, wait)
-
-
-for _name, _iteration in (
-  ("aladdin", AladdinIteration),
-  ("ar_sgd", ArSgdIteration),
-  ("asp", AspIteration),
-  ("easgd", EasgdIteration),
-  ("sgp", SgpIteration),
-):
-  algorithms.entry(_name).attach("ray", _iteration)

@@ -49,13 +49,15 @@ class FlatLayout:
 
   # -- inside jit (jax.numpy) ---------------------------------------------------------------
 
-  def ravel(self, tree: PyTree) -> Any:
-    """The tree as one vector of ``self.dtype`` (traceable)."""
+  def ravel(self, tree: PyTree, xp: Any = None) -> Any:
+    """The tree as one vector of ``self.dtype`` (traceable; ``xp=np``: in NumPy, on the host)."""
     import jax
     import jax.numpy as jnp
 
-    leaves = jax.tree.leaves(tree)
-    return jnp.concatenate([jnp.ravel(x).astype(self.dtype) for x in leaves])
+    xp = jnp if xp is None else xp
+    return xp.concatenate(
+      [xp.ravel(xp.asarray(x)).astype(self.dtype) for x in jax.tree.leaves(tree)]
+    )
 
   def unravel(self, vector: Any, cast: bool = True) -> PyTree:
     """The inverse of :meth:`ravel`, every leaf in its own shape and dtype (traceable; with
@@ -81,22 +83,11 @@ class FlatLayout:
 
   def to_vector(self, tree: PyTree) -> np.ndarray:
     """:meth:`ravel` in NumPy (the driver's and the restarts' copy of a model)."""
-    import jax
-
-    return np.concatenate(
-      [np.ravel(np.asarray(x)).astype(self.dtype) for x in jax.tree.leaves(tree)]
-    )
+    return self.ravel(tree, np)
 
   def to_tree(self, vector: np.ndarray) -> PyTree:
     """:meth:`unravel` in NumPy."""
-    import jax
-
-    offsets = np.cumsum([0, *self.sizes])
-    leaves = [
-      np.asarray(vector[a:b]).reshape(shape).astype(dtype)
-      for a, b, shape, dtype in zip(offsets, offsets[1:], self.shapes, self.dtypes, strict=False)
-    ]
-    return jax.tree.unflatten(self.treedef, leaves)
+    return self.unravel(np.asarray(vector))
 
   def split(self, vector: np.ndarray) -> list[np.ndarray]:
     """The shards' slices of ``vector`` (its last axis), as views."""

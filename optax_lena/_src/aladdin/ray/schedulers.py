@@ -8,6 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 Submit = list[tuple[int, Any]]  # (worker, ObjectRef of its call)
+# A worker's statistics, summed over its calls.
+TOTALS = ("iterations", "compute_s", "sleep_s", "wait_s", "busy_s")
 
 
 class AsyncChunks:
@@ -119,16 +121,8 @@ def drive(
         stats = ray.get(ref)
       except ray.exceptions.RayActorError as err:
         raise ClusterLostError(f"Worker {i} died and could not be restarted: {err}") from err
-      for key, value in stats.items():
-        if isinstance(value, int | float) and key in (
-          "iterations",
-          "compute_s",
-          "sleep_s",
-          "wait_s",
-          "busy_s",
-          "merges",
-        ):
-          totals[i][key] = totals[i].get(key, 0) + value
+      for key in (*TOTALS, "merges"):
+        totals[i][key] = totals[i].get(key, 0) + stats.get(key, 0)
       on_result(now, totals)
       inflight.update((r, w) for w, r in schedule.finished(i, stats))
   return totals

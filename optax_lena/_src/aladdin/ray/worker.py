@@ -17,8 +17,7 @@ from optax_lena._src.aladdin.ray.config import Config, Task
 from optax_lena._src.aladdin.ray.iterations import Local, MailboxLink, ReducerLink
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.outbox import Outbox
-
-TOTALS = ("iterations", "compute_s", "sleep_s", "wait_s", "busy_s")
+from optax_lena._src.aladdin.ray.schedulers import TOTALS
 
 
 class WorkerActor:
@@ -166,9 +165,11 @@ class WorkerActor:
     deadline: float | None,
     max_seconds: float | None = None,
     max_iterations: int | None = None,
+    sync: bool = False,
   ) -> dict[str, Any]:
     """Runs iterations until ``deadline`` (``time.time()``), ``max_seconds`` or
-    ``max_iterations``, whichever comes first; returns this chunk's statistics."""
+    ``max_iterations``, whichever comes first; returns this chunk's statistics. ``sync``: each
+    iteration waits for every reply (the deterministic schedule)."""
     start = time.perf_counter()
     stats: dict[str, Any] = dict.fromkeys(TOTALS, 0)
     merges = self.local.merges
@@ -177,7 +178,7 @@ class WorkerActor:
       or (max_seconds is not None and time.perf_counter() - start >= max_seconds)
       or (max_iterations is not None and stats["iterations"] >= max_iterations)
     ):
-      for key, value in self._counted(self.algorithm.iterate(False, deadline)).items():
+      for key, value in self._counted(self.algorithm.iterate(sync, deadline)).items():
         stats[key] += value
     while (last := self.algorithm.finish()) is not None:  # a chunk leaves no step in flight
       for key, value in self._counted(last).items():
@@ -186,20 +187,13 @@ class WorkerActor:
     for key in TOTALS:
       self.totals[key] += stats[key]
     stats["merges"] = self.local.merges - merges
-    if self.adapt_fold and stats["iterations"] and stats["compute_s"] > 0:
+    if self.adapt_fold and not sync and stats["iterations"] and stats["compute_s"] > 0:
       self._fold_for(stats["compute_s"] / stats["iterations"])
     return {**stats, **self._identity()}
 
   def step_sync(self) -> dict[str, Any]:
     """One iteration that waits for every reply (the deterministic schedule)."""
-    start = time.perf_counter()
-    merges = self.local.merges
-    stats: dict[str, Any] = self._counted(self.algorithm.iterate(True, None))
-    stats["busy_s"] = time.perf_counter() - start
-    for key in TOTALS:
-      self.totals[key] += stats.get(key, 0)
-    stats["merges"] = self.local.merges - merges
-    return {**stats, **self._identity()}
+    return self.run(None, max_iterations=1, sync=True)
 
   def flush(self) -> int:
     """Sends every folded message and merges every reply; returns the messages sent so far per

@@ -1,30 +1,9 @@
 """The cost model of the ALADDIN cluster simulator: who computes how fast, what a message costs.
 
-Everything here is plain Python arithmetic on seconds and bytes (no JAX): the simulator
-(:mod:`~optax_lena._src.aladdin.sim.simulator`) asks a :class:`Cluster` how long a worker's
-iteration, a message, a parameter-server (PS) pass or a ring all-reduce takes.
-
-Model (the stated assumptions; ``docs/ALADDIN.md`` discusses them):
-
-* **Workers** compute one iteration (forward, backward, local optimizer step) in
-  ``compute_time[i]`` seconds (times ``1 + jitter * u``, u uniform in [-1, 1) from a seeded
-  generator, when ``jitter > 0``), one iteration at a time.
-* **Network interfaces (NICs)** are full duplex: each has an uplink and a downlink of
-  ``bandwidth`` bytes/s. Worker i uses NIC ``i // workers_per_machine``; PS shard s uses NIC
-  ``s % num_machines`` when ``ps_colocated`` (the PS processes run on the worker machines and
-  share their NICs) and a NIC of its own otherwise. A message of b bytes occupies the sender's
-  uplink for ``b / bandwidth`` (messages leave one after another, in the order they were sent),
-  crosses the wire in ``latency`` seconds, and occupies the receiver's downlink for
-  ``b / bandwidth`` (messages arriving at one NIC are received one after another). Two endpoints
-  on one machine (a worker and a co-located PS shard) exchange messages through memory, at no
-  cost (the PS shard's processing is still paid).
-* **PS shards** are single servers: each processes its messages one at a time, in arrival order,
-  at ``ps_cost_per_byte`` seconds per byte of the message, plus the same again for a global
-  update (an optimizer pass over its slice). Several shards work in parallel.
-* **Ring all-reduce** (AR-SGD) of b bytes over n workers:
-  ``2 (n - 1) / n * b / bandwidth + 2 (n - 1) * latency`` (reduce-scatter then all-gather, each
-  n - 1 steps of b / n bytes); with several workers per machine the machines' NICs carry the same
-  bytes (one ring hop leaves each machine), so the formula is unchanged.
+Plain Python arithmetic on seconds and bytes (no JAX): the simulator asks a :class:`Cluster` how
+long a worker's iteration, a message, a parameter-server (PS) pass or a ring all-reduce takes.
+Its assumptions are stated with the :class:`Cluster` fields and discussed in ``docs/ALADDIN.md``
+(section 5, "Cost model").
 """
 
 from __future__ import annotations
@@ -123,10 +102,6 @@ class Cluster:
     if nic is not None and nic >= self.num_machines and self.ps_bandwidth is not None:
       return nbytes / self.ps_bandwidth
     return nbytes / self.bandwidth
-
-  def message_time(self, nbytes: float) -> float:
-    """Seconds from send to arrival of one message on idle links: latency + size / bandwidth."""
-    return self.latency + self.wire_time(nbytes)
 
   def ps_time(self, nbytes: float, *, update: bool) -> float:
     """Seconds a PS shard spends on one message of ``nbytes`` (twice that with a global

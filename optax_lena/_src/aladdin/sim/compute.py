@@ -230,7 +230,8 @@ class Training(Compute):
     m = worker.model
     m.state = self.timer(self.apply_fn, m.state, reply)
 
-  def eval_params(self) -> PyTree:
+  def final_params(self) -> PyTree:
+    """The evaluated model."""
     if self.server is not None:
       return self.server_state.params
     if self.spec.synchronous:
@@ -238,7 +239,7 @@ class Training(Compute):
     return self.mean_params([w.model.state for w in self.workers])
 
   def evaluate(self, time: float, samples: int, iterations: float) -> None:
-    loss, acc = self.timer(self.eval_fn, self.eval_params(), self.x_test, self.y_test)
+    loss, acc = self.timer(self.eval_fn, self.final_params(), self.x_test, self.y_test)
     train_loss = float(jnp.mean(jnp.stack(self.losses))) if self.losses else math.nan
     self.losses = []
     local_acc = math.nan
@@ -249,9 +250,6 @@ class Training(Compute):
     self.evals.append(
       EvalPoint(time, samples, iterations, train_loss, float(loss), float(acc), local_acc)
     )
-
-  def final_params(self) -> PyTree:
-    return self.eval_params()
 
   @property
   def jax_time(self) -> float:

@@ -124,11 +124,14 @@ class Process:
 
   A subclass sets ``worker_type`` (its :class:`SimWorker` record), implements :meth:`computed`
   (a worker finished an iteration) and the handlers it schedules, and calls the compute object
-  for every computation; it attaches itself to the algorithm's registry entry
-  (``entry(name).attach("simulator", cls)``).
+  for every computation; ``@sim.simulates(name)`` attaches it to an algorithm (or to a spec
+  class, for every registered subclass).
   """
 
   worker_type: ClassVar[type[SimWorker]] = SimWorker
+  # The handlers of a process that talks to PS shards (see :meth:`to_shards`).
+  ps_arrive: Callable[..., None]
+  reply_arrive: Callable[..., None]
 
   def __init__(
     self,
@@ -180,6 +183,20 @@ class Process:
     e = self.engine
     worker.wait += e.now - worker.idle_since
     e.at(e.now + self.compute_time(worker), self.computed, worker)
+
+  def to_shards(self, worker: SimWorker, message: Any) -> float:
+    """Sends each PS shard its slice of ``message`` (``self.ps_arrive(shard, worker, nbytes,
+    message)`` on arrival); returns when the last slice has left the worker's uplink."""
+    src, left = self.cluster.worker_nic(worker.index), self.engine.now
+    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
+      ps = self.cluster.ps_nic(s)
+      left = self.engine.send(src, ps, nbytes, self.ps_arrive, s, worker, nbytes, message)
+    return left
+
+  def to_worker(self, shard: int, worker: SimWorker, nbytes: float, reply: Any) -> None:
+    """Sends a PS shard's reply to ``worker`` (``self.reply_arrive(worker, reply)``)."""
+    dst = self.cluster.worker_nic(worker.index)
+    self.engine.send(self.cluster.ps_nic(shard), dst, nbytes, self.reply_arrive, worker, reply)
 
   def evaluate(self) -> None:
     self.compute.evaluate(self.engine.now, self.samples, self.samples / (self.n * self.batch_size))

@@ -1,23 +1,8 @@
-"""The message pattern of every algorithm in the simulator: one process per algorithm.
-
-Each process attaches itself to its algorithm's registry entry (the registry of
-:mod:`optax_lena._src.aladdin.algorithms` is the only table from a name to an algorithm); it
-calls the compute object for every computation (the spec's worker program and server), which in
-the timing-only mode does nothing.
-
-* ``aladdin``: a worker computes, applies its local self-update, pushes its message to the PS and
-  starts its next iteration at once (it never waits, unless ``Cluster.send_buffer`` bounds the
-  messages queued on its uplink and the link does not keep up); the replies that arrived during
-  an iteration are merged (Eq. 3) at its end. The PS processes messages in arrival order and
-  replies to a worker once every ``period`` of its messages.
-* ``ar_sgd``: a barrier every iteration: the all-reduce starts when the slowest worker is done
-  and takes the ring all-reduce time; then every worker applies the mean gradient.
-* ``asp``: a worker sends its gradient and waits for the updated global model (symmetric).
-* ``easgd``: local steps; every ``tau`` iterations a worker sends its model to the PS and waits
-  for the elastic exchange's answer.
-* ``sgp``: push-sum gossip: each iteration a worker sends half its (model, weight) to one peer of
-  a directed exponential graph and, before its next iteration, must have received the message
-  its in-peer sent one iteration earlier (1-overlap).
+"""The message pattern of every algorithm in the simulator: one process per algorithm (or per
+spec class: :class:`ExchangeProcess` runs every ``Symmetric`` spec), attached to the algorithm
+registry by :func:`simulates`. A process decides who waits for what and when; it calls the
+compute object for every computation (the spec's worker program and server), which in the
+timing-only mode does nothing. ``docs/ALADDIN.md`` (section 5) tabulates the patterns.
 """
 
 from __future__ import annotations
@@ -28,15 +13,8 @@ from typing import Any
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.sim.engine import Process, SimWorker
 
-
-def simulates(name: str):
-  """Class decorator: attaches a process to the registry entry of algorithm ``name``."""
-
-  def attach(process: type[Process]) -> type[Process]:
-    algorithms.entry(name).attach("simulator", process)
-    return process
-
-  return attach
+# ``@simulates("name")`` (or a spec class: its registered subclasses) attaches a process.
+simulates = algorithms.attacher("simulator")
 
 
 @dataclasses.dataclass(eq=False)
@@ -81,11 +59,7 @@ class AladdinProcess(Process):
     e = self.engine
     # Push the message (each shard its slice); do not wait for an answer.
     w.messages += 1
-    src = self.cluster.worker_nic(w.index)
-    left = e.now
-    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
-      left = e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
-    w.leaving.append(left)
+    w.leaving.append(self.to_shards(w, message))
     # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
     for reply in w.inbox:
       self.compute.apply(w, reply)
@@ -109,14 +83,7 @@ class AladdinProcess(Process):
     self.engine.log("receive", w.index)
     reply = self.compute.receive(w, message)
     if send:
-      self.engine.send(
-        self.cluster.ps_nic(s),
-        self.cluster.worker_nic(w.index),
-        nbytes,
-        self.reply_arrive,
-        w,
-        reply,
-      )
+      self.to_worker(s, w, nbytes, reply)
 
   def reply_arrive(self, w: AladdinWorker, reply: Any) -> None:
     self.engine.log("reply", w.index)
@@ -155,15 +122,12 @@ class SymmetricWorker(SimWorker):
   pending: int = 0  # shards whose answer has not arrived yet
 
 
-@simulates("asp")
-class AspProcess(Process):
-  """Send the gradient to every shard, wait for all the answers (x~), adopt the last (weight 1)
-  and start the next iteration. (EASGD: the same every ``tau`` local steps, with the model.)"""
+@simulates(algorithms.Symmetric)
+class ExchangeProcess(Process):
+  """Every ``spec.exchange_every`` iterations (ASP: 1, EASGD: ``tau``) send the message to every
+  shard, wait for all the answers, apply the last and start the next iteration."""
 
   worker_type = SymmetricWorker
-
-  def every(self) -> int:
-    return 1
 
   def computed(self, w: SymmetricWorker) -> None:
     e = self.engine
@@ -172,23 +136,18 @@ class AspProcess(Process):
     message = self.compute.step(w)
     w.idle_since = e.now
     self.count_samples(self.batch_size)
-    if w.iterations % self.every():
+    if w.iterations % self.spec.exchange_every:
       self.begin(w)
       return
     w.messages += 1
     w.pending = self.cluster.num_shards
-    src = self.cluster.worker_nic(w.index)
-    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
-      e.send(src, self.cluster.ps_nic(s), nbytes, self.ps_arrive, s, w, nbytes, message)
+    self.to_shards(w, message)
 
   def ps_arrive(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
     self.engine.ps_process(s, nbytes, True, self.ps_done, s, w, nbytes, message)
 
   def ps_done(self, s: int, w: SymmetricWorker, nbytes: float, message: Any) -> None:
-    reply = self.compute.receive(w, message)
-    self.engine.send(
-      self.cluster.ps_nic(s), self.cluster.worker_nic(w.index), nbytes, self.reply_arrive, w, reply
-    )
+    self.to_worker(s, w, nbytes, self.compute.receive(w, message))
 
   def reply_arrive(self, w: SymmetricWorker, reply: Any) -> None:
     self.engine.log("reply", w.index)
@@ -196,14 +155,6 @@ class AspProcess(Process):
     if w.pending == 0:
       self.compute.apply(w, reply)
       self.begin(w)
-
-
-@simulates("easgd")
-class EasgdProcess(AspProcess):
-  """Local steps; every ``tau`` iterations a symmetric elastic exchange with the PS."""
-
-  def every(self) -> int:
-    return int(self.spec.tau)
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,18 +1,12 @@
 """A deterministic discrete-event simulator of a training cluster, for ALADDIN and its baselines.
 
 It runs the real JAX computations of n workers and of the parameter server (PS) in the order a
-cluster with the given speeds would produce them (:mod:`~optax_lena._src.aladdin.sim.cluster` is
-the cost model), and reports accuracy against *simulated* wall time. With ``problem=None`` it runs
-no computation at all (messages carry sizes only): the timing-only mode, which simulates the
-paper's model sizes on the paper's cluster in milliseconds of host time.
-
-Events live in one heap ordered by ``(time, sequence number)``: two events at the same simulated
-time happen in the order they were scheduled, so a run is a pure function of its inputs (same
-seed, same trajectory, bitwise). The pieces: the event engine and the per-worker record
-(:mod:`~optax_lena._src.aladdin.sim.engine`), one process per algorithm for who waits for what
-(:mod:`~optax_lena._src.aladdin.sim.processes`), the compute object for what is computed
-(:mod:`~optax_lena._src.aladdin.sim.compute`: the specs' worker programs and servers), and the
-algorithm specs and their registry (:mod:`~optax_lena._src.aladdin.algorithms`).
+cluster with the given speeds would produce them, and reports accuracy against *simulated* wall
+time; with ``problem=None``, only the timing (messages carry sizes only). Events run in
+``(time, sequence number)`` order, so a run is a pure function of its inputs. The pieces: the
+cost model (:mod:`.cluster`), the event engine and the per-worker record (:mod:`.engine`), one
+process per message pattern (:mod:`.processes`) and what is computed (:mod:`.compute`: the
+specs' worker programs and servers). ``docs/ALADDIN.md`` (section 5) describes the model.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from typing import Any
 import jax
 
 from optax_lena._src.aladdin import algorithms
-from optax_lena._src.aladdin.algorithms import Spec, algorithm
+from optax_lena._src.aladdin.algorithms import Spec, algorithm  # noqa: F401 (for tests)
 from optax_lena._src.aladdin.sim import processes as _processes  # noqa: F401 (registers them)
 from optax_lena._src.aladdin.sim.cluster import Cluster
 from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Timer, Training
@@ -36,17 +30,6 @@ ALGORITHMS = algorithms.engine_names("simulator")
 
 # The spec base class, under the simulator's old name of the one configuration class.
 Algorithm = Spec
-
-__all__ = [
-  "ALGORITHMS",
-  "Algorithm",
-  "EvalPoint",
-  "Problem",
-  "SimResult",
-  "Simulator",
-  "algorithm",
-  "simulate",
-]
 
 
 @dataclasses.dataclass
@@ -96,13 +79,6 @@ class SimResult:
       if point.time <= time:
         acc = point.test_accuracy
     return acc
-
-  def time_to_accuracy(self, target: float) -> float:
-    """Simulated time of the first evaluation reaching ``target`` (inf if never)."""
-    for point in self.evals:
-      if point.test_accuracy >= target:
-        return point.time
-    return math.inf
 
   def summary(self) -> dict[str, Any]:
     """A JSON-friendly dict (no parameters, no events)."""
