@@ -121,7 +121,7 @@ def test_paired_interval_against_float64_reference():
 
 def test_the_corrected_recipe_interval():
   # Issue 37's example: seeds 0-4 of the recipe, HO, the t(4) interval contains 0.
-  runs = json.loads((BENCH / "aladdin/results/recipe/runs.json").read_text())
+  runs = json.loads((BENCH / "aladdin/recipe/results/runs.json").read_text())
   acc = {
     (r["candidate"], r["seed"]): r["test_accuracy"] for r in runs.values() if r["cluster"] == "HO"
   }
@@ -149,39 +149,39 @@ def test_results_file_carries_its_claims_table(study):
 
 
 def test_aladdin_recipe_report_only(tmp_path):
-  from benchmarks.aladdin import recipe
+  from benchmarks.aladdin.recipe import main as recipe
 
-  out = copy_results("aladdin/results/recipe", tmp_path, ["runs.json"])
+  out = copy_results("aladdin/recipe/results", tmp_path, ["runs.json"])
   text = recipe.main(["--report_only", "--out", str(out)])
-  assert text == (BENCH / "aladdin/results/recipe/recipe.md").read_text()
+  assert text == (BENCH / "aladdin/recipe/results/recipe.md").read_text()
   assert (
-    assert_results_tables_in("aladdin/RESULTS-recipe.md", [text, claims.render("aladdin_recipe")])
+    assert_results_tables_in("aladdin/recipe/RESULTS.md", [text, claims.render("aladdin_recipe")])
     == 2
   )
 
 
 def test_aladdin_equal_tuning_report_only(tmp_path, monkeypatch):
-  from benchmarks.aladdin import equal_tuning
+  from benchmarks.aladdin.equal_tuning import main as equal_tuning
 
   monkeypatch.setattr(equal_tuning, "plot", lambda *args: True)  # plots are not tables
-  out = copy_results("aladdin/results/equal_tuning", tmp_path, ["runs.json"])
+  out = copy_results("aladdin/equal_tuning/results", tmp_path, ["runs.json"])
   text = equal_tuning.main(["--report_only", "--out", str(out)])
-  assert text == (BENCH / "aladdin/results/equal_tuning/tables.md").read_text()
+  assert text == (BENCH / "aladdin/equal_tuning/results/tables.md").read_text()
   sources = [text, claims.render("aladdin_equal_tuning")]
-  assert assert_results_tables_in("aladdin/RESULTS-equal-tuning.md", sources) == 7
+  assert assert_results_tables_in("aladdin/equal_tuning/RESULTS.md", sources) == 7
 
 
-def test_aladdin_first_study_report_only(tmp_path, monkeypatch):
-  from benchmarks.aladdin import study
+def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
+  from benchmarks.aladdin.reproduction import main as study
 
   monkeypatch.setattr(study, "plot_speedups", lambda out, t3: "speedup_table3.png")
   monkeypatch.setattr(study, "_plot_curves", lambda *args: "accuracy_vs_time.png")
-  out = copy_results("aladdin/results", tmp_path, ["runs.json", "table3.json"])
+  out = copy_results("aladdin/reproduction/results", tmp_path, ["runs.json", "table3.json"])
   text = study.main(["--report_only", "--out", str(out)])
-  committed = (BENCH / "aladdin/results/tables.md").read_text()
+  committed = (BENCH / "aladdin/reproduction/results/tables.md").read_text()
   assert md_tables(text) == md_tables(committed)
-  sources = [text, claims.render("aladdin_first_study")]
-  assert assert_results_tables_in("aladdin/RESULTS.md", sources) == 7
+  sources = [text, claims.render("aladdin_reproduction")]
+  assert assert_results_tables_in("aladdin/reproduction/RESULTS.md", sources) == 7
 
 
 @pytest.mark.parametrize(

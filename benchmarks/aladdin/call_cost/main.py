@@ -10,8 +10,8 @@ paths alternate ``--repeats`` times. The messages are the example CNN's (12,106 
 
 Usage::
 
-  python -m benchmarks.aladdin.ray_call_cost --out benchmarks/aladdin/ray/call_cost.json
-  python -m benchmarks.aladdin.ray_call_cost --smoke --out /tmp/call_cost.json   # CI
+  python -m benchmarks.aladdin.call_cost.main --out benchmarks/aladdin/call_cost/results/call_cost.json
+  python -m benchmarks.aladdin.call_cost.main --smoke --out /tmp/call_cost.json   # CI
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
-from benchmarks.aladdin.ray_efficiency import cpu_seconds
+from benchmarks.aladdin.ray_efficiency.main import cpu_seconds
 
 SIZE, PERIOD, MAX_INFLIGHT = 12_106, 4, 2
 
@@ -184,7 +184,7 @@ def main() -> None:
   parser.add_argument("--calls", type=int, default=300, help="per run")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--smoke", action="store_true", help="a few calls (CI)")
-  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/ray/call_cost.json"))
+  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/call_cost/results/call_cost.json"))
   args = parser.parse_args()
   if args.smoke:
     args.folds, args.calls, args.repeats = [4], 50, 1

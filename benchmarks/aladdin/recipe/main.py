@@ -9,8 +9,8 @@ update messages with alpha / period / server optimizer variants, and the paper's
 
 Usage::
 
-  python -m benchmarks.aladdin.recipe                 # resumable; the table of RESULTS-recipe.md
-  python -m benchmarks.aladdin.recipe --report_only   # the table from the finished runs
+  python -m benchmarks.aladdin.recipe.main                 # resumable; the table of RESULTS-recipe.md
+  python -m benchmarks.aladdin.recipe.main --report_only   # the table from the finished runs
 
 Every run's summary is kept in ``<out>/runs.json`` (one file; a run in it is skipped), the
 table in ``<out>/recipe.md``.
@@ -33,7 +33,7 @@ from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "recipe"  # runs.json, recipe.md
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"  # runs.json, recipe.md
 SEEDS = (0, 1, 2)
 CLUSTERS = ("HO", "HE1")
 LR = 0.1

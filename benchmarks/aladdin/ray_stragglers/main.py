@@ -9,7 +9,7 @@ are kept in ``--out`` and skipped.
 
 Usage::
 
-  python -m benchmarks.aladdin.ray_stragglers --time_budget 20 \\
+  python -m benchmarks.aladdin.ray_stragglers.main --time_budget 20 \\
       --out benchmarks/aladdin/ray/ray_stragglers.json --plot_dir benchmarks/aladdin/ray
 """
 

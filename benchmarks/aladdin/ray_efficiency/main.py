@@ -22,8 +22,8 @@ absolute times):
 
 Usage::
 
-  python -m benchmarks.aladdin.ray_efficiency --out benchmarks/aladdin/ray/efficiency.json
-  python -m benchmarks.aladdin.ray_efficiency --smoke --out /tmp/efficiency.json   # CI
+  python -m benchmarks.aladdin.ray_efficiency.main --out benchmarks/aladdin/ray_efficiency/results/efficiency.json
+  python -m benchmarks.aladdin.ray_efficiency.main --smoke --out /tmp/efficiency.json   # CI
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=4, help="of the cluster measurement")
   parser.add_argument("--smoke", action="store_true", help="seconds-long runs (CI)")
   parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of the local Ray node")
-  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/ray/efficiency.json"))
+  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/ray_efficiency/results/efficiency.json"))
   args = parser.parse_args()
   if args.smoke:
     args.batch_sizes, args.seconds, args.repeats = [32], 1.0, 1
