@@ -1,5 +1,5 @@
-"""Smoke test of the second ALADDIN study (benchmarks/aladdin/equal_tuning/main.py) and of the recipe
-measurement's candidates: tiny cells, tables, plot, resume."""
+"""Smoke test of the second ALADDIN study (benchmarks/aladdin/equal_tuning/main.py) and of the
+recipe measurement's candidates: tiny cells, tables, plot, resume."""
 
 import json
 from pathlib import Path

@@ -20,9 +20,9 @@ Row sets (cells ``group/algorithm/cluster/epochs/seed``):
 
 Usage::
 
-  python -m benchmarks.aladdin.equal_tuning.main                  # resumable: skips the finished cells
-  python -m benchmarks.aladdin.equal_tuning.main --max_cells 20   # the next 20 cells in priority order
-  python -m benchmarks.aladdin.equal_tuning.main --report_only    # tables and plot from finished cells
+  python -m benchmarks.aladdin.equal_tuning.main                 # resumable: skips finished cells
+  python -m benchmarks.aladdin.equal_tuning.main --max_cells 20  # the next 20 cells by priority
+  python -m benchmarks.aladdin.equal_tuning.main --report_only   # tables, plot: finished cells
   python -m benchmarks.aladdin.equal_tuning.main --smoke --out /tmp/s   # the CI smoke version
 
 Outputs in ``--out``: ``runs.json`` (one summary per finished cell), ``tables.md``,

@@ -9,8 +9,8 @@ update messages with alpha / period / server optimizer variants, and the paper's
 
 Usage::
 
-  python -m benchmarks.aladdin.recipe.main                 # resumable; the table of RESULTS-recipe.md
-  python -m benchmarks.aladdin.recipe.main --report_only   # the table from the finished runs
+  python -m benchmarks.aladdin.recipe.main                # resumable; the table of RESULTS.md
+  python -m benchmarks.aladdin.recipe.main --report_only  # the table from the finished runs
 
 Every run's summary is kept in ``<out>/runs.json`` (one file; a run in it is skipped), the
 table in ``<out>/recipe.md``.

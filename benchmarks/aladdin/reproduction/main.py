@@ -23,10 +23,10 @@ writing ``<out>/tables.md``, ``summary.json`` and the plots from whatever has fi
 
 Usage::
 
-  python -m benchmarks.aladdin.reproduction.main --smoke --out /tmp/aladdin_smoke   # seconds, CI
-  python -m benchmarks.aladdin.reproduction.main                                    # RESULTS.md's study
-  python -m benchmarks.aladdin.reproduction.main --parts table3                     # timing only, seconds
-  python -m benchmarks.aladdin.reproduction.main --report_only                      # tables from finished runs
+  python -m benchmarks.aladdin.reproduction.main --smoke --out /tmp/aladdin_smoke  # seconds, CI
+  python -m benchmarks.aladdin.reproduction.main                  # RESULTS.md's study
+  python -m benchmarks.aladdin.reproduction.main --parts table3   # timing only, seconds
+  python -m benchmarks.aladdin.reproduction.main --report_only    # tables from finished runs
 """
 
 from __future__ import annotations
