@@ -4,7 +4,8 @@
   committed JSON / run archive, and every table of its RESULTS file is one of those tables,
   verbatim (the few tables that are not derived from committed data are listed, with why).
 * Every RESULTS file carries its study's claims table (``benchmarks/claims.py``) verbatim.
-* The Ray tables of the sections that make claims match ``ray_stragglers*.json`` number by number.
+* The Ray stragglers' tables of the sections that make claims match their JSON number by number;
+  ``--report_only`` of the Ray efficiency and call-cost studies rebuilds their RESULTS tables.
 * The paired-interval helper against printed t tables, closed forms and a float64 reference.
 """
 
@@ -185,6 +186,20 @@ def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
+  "study, result, expected",
+  [("ray_efficiency", "efficiency.json", 2), ("call_cost", "call_cost.json", 1)],
+)
+def test_aladdin_ray_report_only(tmp_path, monkeypatch, study, result, expected):
+  import importlib
+
+  module = importlib.import_module(f"benchmarks.aladdin.{study}.main")
+  monkeypatch.setattr(module, "plot", lambda *args: None)  # plots are not tables
+  out = copy_results(f"aladdin/{study}/results", tmp_path, [result])
+  text = module.main(["--report_only", "--out", str(out / result)])
+  assert assert_results_tables_in(f"aladdin/{study}/RESULTS.md", [text]) == expected
+
+
+@pytest.mark.parametrize(
   "study, plots, expected",
   [
     ("large_batch_resnet", ("benchmarks.large_batch_resnet.plots", "plot_all"), 10),
@@ -215,12 +230,12 @@ def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected)
 # Ray: the tables of the sections that make claims, number by number from their JSON
 # ------------------------------------------------------------------------------------------------
 
-RAY = BENCH / "aladdin/ray"
+RAY = BENCH / "aladdin/ray_stragglers"
 RAY_ALGORITHMS = {"aladdin": "aladdin", "ar-sgd": "ar_sgd", "ar_sgd": "ar_sgd", "asp": "asp"}
 
 
 def _ray_section_tables(heading: str) -> list[str]:
-  text = (BENCH / "aladdin/RESULTS-ray.md").read_text()
+  text = (RAY / "RESULTS.md").read_text()
   start = text.index(heading)
   end = text.find("\n## ", start + 1)
   return md_tables(text[start : end if end > 0 else None])
@@ -242,9 +257,9 @@ def _check_ray_table(table: str, runs: dict) -> int:
 
 
 def test_ray_tables_match_their_json():
-  recipe = json.loads((RAY / "recipe/ray_stragglers.json").read_text())["runs"]
-  plain = json.loads((RAY / "ray_stragglers.json").read_text())["runs"]
-  momentum = json.loads((RAY / "ray_stragglers_momentum.json").read_text())["runs"]
+  recipe = json.loads((RAY / "results/recipe.json").read_text())["runs"]
+  plain = json.loads((RAY / "results/sgd_server.json").read_text())["runs"]
+  momentum = json.loads((RAY / "results/momentum_server.json").read_text())["runs"]
   first, both = _ray_section_tables("## The recipe against AR-SGD at a fixed wall budget")
   assert _check_ray_table(first, recipe) == 4
   for line in both.splitlines()[2:]:
@@ -264,5 +279,5 @@ def test_ray_tables_match_their_json():
   assert _check_ray_table(tables[0], plain) == 9
   tables = _ray_section_tables("### Second run: the server with momentum 0.9")
   assert _check_ray_table(tables[0], momentum) == 9
-  assert re.search(r"12\.5x", (BENCH / "aladdin/RESULTS-ray.md").read_text())
+  assert re.search(r"12\.5x", (RAY / "RESULTS.md").read_text())
   assert round(plain["HO/ar_sgd"]["throughput"] / recipe["HO/ar_sgd"]["throughput"], 1) == 12.5

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
-  """``python -m benchmarks.aladdin.MODULE --smoke --out OUT`` (MODULE: ``<study>.main``), checked to exit 0."""
+  """``python -m benchmarks.aladdin.<study>.main --smoke --out OUT``, checked to exit 0."""
   done = subprocess.run(
     [sys.executable, "-m", f"benchmarks.aladdin.{module}", "--smoke", "--out", str(out)],
     cwd=ROOT,
