@@ -1,6 +1,6 @@
 """The second ALADDIN study: the five algorithms at equal tuning, with ALADDIN's recipe defaults.
 
-Setting (the first study's, ``training.py``): 8 simulated workers (4 machines x 2), the example CNN
+Setting (the first study's, ``../training.py``): 8 simulated workers (4 machines x 2), the CNN
 on MNIST-1D (4,000 training examples, batch 32 per worker), the paper's cluster ratios scaled to
 the CNN, +-10% compute jitter; clusters HO, HE1 (worker 0 x10 slower), HE2 (x100).
 

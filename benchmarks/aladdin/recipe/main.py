@@ -3,7 +3,7 @@
 The setting of the target: 8 simulated workers, the example CNN on MNIST-1D, 15 epochs of
 samples, the workers' optimizer ``al.local_optimizer(0.1)`` (momentum 0.9, weight decay 1e-4)
 for ALADDIN and AR-SGD alike, on the homogeneous cluster (HO) and with one worker 10x slower
-(HE1), seeds 0, 1, 2 (the first study's cluster, data and model: ``training.py``). Candidates:
+(HE1), seeds 0, 1, 2 (the first study's cluster, data and model: ``../training.py``). Candidates:
 update messages with alpha / period / server optimizer variants, and the paper's literal reading
 (gradient messages, ``optax.sgd(eta)``, alpha ``"count"``).
 
