@@ -117,10 +117,14 @@ def recorded() -> dict[str, Any]:
   import datetime
   import subprocess
 
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
+
   try:
-    commit = subprocess.run(
-      ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD").strip()
+    # A measurement of uncommitted code says so: its commit alone would not reproduce it.
+    if git("status", "--porcelain", "--untracked-files=no").strip():
+      commit += "-dirty"
   except (OSError, subprocess.CalledProcessError):
     commit = "unknown"
   spec = getattr(sys.modules["__main__"], "__spec__", None)
