@@ -70,7 +70,7 @@ def _claim(a_name: str, b_name: str, context: str, a: Values, b: Values, **kw) -
 
 
 def aladdin_recipe() -> list[Claim]:
-  runs = _json(ROOT / "aladdin" / "results" / "recipe" / "runs.json")
+  runs = _json(ROOT / "aladdin" / "recipe" / "results" / "runs.json")
   acc: dict[tuple[str, str], dict[int, float]] = {}
   for r in runs.values():
     acc.setdefault((r["candidate"], r["cluster"]), {})[r["seed"]] = r["test_accuracy"]
@@ -118,7 +118,7 @@ def _time_to(curve: Sequence[Sequence[float]], target: float) -> float | None:
 
 
 def aladdin_equal_tuning() -> list[Claim]:
-  runs = _json(ROOT / "aladdin" / "results" / "equal_tuning" / "runs.json")
+  runs = _json(ROOT / "aladdin" / "equal_tuning" / "results" / "runs.json")
 
   def cell(group: str, alg: str, cluster: str, epochs: int, lr: float, what: str = "acc") -> Values:
     out = {}
@@ -195,8 +195,8 @@ def aladdin_equal_tuning() -> list[Claim]:
 # ------------------------------------------------------------------------------------------------
 
 
-def aladdin_first_study() -> list[Claim]:
-  runs = _json(ROOT / "aladdin" / "results" / "runs.json")
+def aladdin_reproduction() -> list[Claim]:
+  runs = _json(ROOT / "aladdin" / "reproduction" / "results" / "runs.json")
   final: dict[str, dict[int, float]] = {}
   for name, r in runs.items():  # names hold "_seed<k>" in the middle: "aladdin_HO_seed0_p4_..."
     seed = r["spec"]["seed"]
@@ -463,9 +463,9 @@ def cnn() -> list[Claim]:
 # ------------------------------------------------------------------------------------------------
 
 STUDIES: dict[str, tuple[str, Callable[[], list[Claim]]]] = {
-  "aladdin_recipe": ("aladdin/RESULTS-recipe.md", aladdin_recipe),
-  "aladdin_equal_tuning": ("aladdin/RESULTS-equal-tuning.md", aladdin_equal_tuning),
-  "aladdin_first_study": ("aladdin/RESULTS.md", aladdin_first_study),
+  "aladdin_recipe": ("aladdin/recipe/RESULTS.md", aladdin_recipe),
+  "aladdin_equal_tuning": ("aladdin/equal_tuning/RESULTS.md", aladdin_equal_tuning),
+  "aladdin_reproduction": ("aladdin/reproduction/RESULTS.md", aladdin_reproduction),
   "adamw": ("adamw_scaling/RESULTS.md", adamw),
   "resnet": ("large_batch_resnet/RESULTS.md", resnet),
   "cnn": ("large_batch_cnn/RESULTS.md", cnn),

@@ -110,6 +110,33 @@ def write_json(path: str | Path, obj: Any, indent: int = 1, sort_keys: bool = Fa
   return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
 
 
+def recorded() -> dict[str, Any]:
+  """When and from what a result was measured, for its file's ``recorded`` field (so that the
+  file's name says what it holds, not when it was taken): the commit, the UTC date, the 1-minute
+  load average and the command line."""
+  import datetime
+  import subprocess
+
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
+
+  try:
+    commit = git("rev-parse", "--short", "HEAD").strip()
+    # A measurement of uncommitted code says so: its commit alone would not reproduce it.
+    if git("status", "--porcelain", "--untracked-files=no").strip():
+      commit += "-dirty"
+  except (OSError, subprocess.CalledProcessError):
+    commit = "unknown"
+  spec = getattr(sys.modules["__main__"], "__spec__", None)
+  program = f"python -m {spec.name}" if spec is not None else sys.argv[0]
+  return {
+    "commit": commit,
+    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    "load_average": round(os.getloadavg()[0], 1),
+    "command": " ".join([program, *sys.argv[1:]]),
+  }
+
+
 # ----------------------------------------------------------------------------------------------
 # Grids of runs
 # ----------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
-"""Smoke test of the second ALADDIN study (benchmarks/aladdin/equal_tuning.py) and of the recipe
-measurement's candidates: tiny cells, tables, plot, resume."""
+"""Smoke test of the second ALADDIN study (benchmarks/aladdin/equal_tuning/main.py) and of the
+recipe measurement's candidates: tiny cells, tables, plot, resume."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.aladdin import equal_tuning, recipe
+from benchmarks.aladdin.equal_tuning import main as equal_tuning
+from benchmarks.aladdin.recipe import main as recipe
 from optax_lena import aladdin as al
 
 

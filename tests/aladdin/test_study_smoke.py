@@ -1,4 +1,4 @@
-"""Smoke test of the ALADDIN reproduction study (benchmarks/aladdin/study.py).
+"""Smoke test of the ALADDIN reproduction study (benchmarks/aladdin/reproduction/main.py).
 
 Runs Table 3 (timing-only, short horizons), Table 2's shape and the ablation on the ``--smoke``
 preset (tiny MNIST-1D, 4 workers, one epoch) into a temporary directory, checks the tables and
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.aladdin import study
+from benchmarks.aladdin.reproduction import main as study
 
 
 def test_smoke_study_writes_tables_plots_and_resumes(

@@ -4,7 +4,8 @@
   committed JSON / run archive, and every table of its RESULTS file is one of those tables,
   verbatim (the few tables that are not derived from committed data are listed, with why).
 * Every RESULTS file carries its study's claims table (``benchmarks/claims.py``) verbatim.
-* The Ray tables of the sections that make claims match ``ray_stragglers*.json`` number by number.
+* The Ray stragglers' tables of the sections that make claims match their JSON number by number;
+  ``--report_only`` of the Ray efficiency and call-cost studies rebuilds their RESULTS tables.
 * The paired-interval helper against printed t tables, closed forms and a float64 reference.
 """
 
@@ -121,7 +122,7 @@ def test_paired_interval_against_float64_reference():
 
 def test_the_corrected_recipe_interval():
   # Issue 37's example: seeds 0-4 of the recipe, HO, the t(4) interval contains 0.
-  runs = json.loads((BENCH / "aladdin/results/recipe/runs.json").read_text())
+  runs = json.loads((BENCH / "aladdin/recipe/results/runs.json").read_text())
   acc = {
     (r["candidate"], r["seed"]): r["test_accuracy"] for r in runs.values() if r["cluster"] == "HO"
   }
@@ -149,39 +150,53 @@ def test_results_file_carries_its_claims_table(study):
 
 
 def test_aladdin_recipe_report_only(tmp_path):
-  from benchmarks.aladdin import recipe
+  from benchmarks.aladdin.recipe import main as recipe
 
-  out = copy_results("aladdin/results/recipe", tmp_path, ["runs.json"])
+  out = copy_results("aladdin/recipe/results", tmp_path, ["runs.json"])
   text = recipe.main(["--report_only", "--out", str(out)])
-  assert text == (BENCH / "aladdin/results/recipe/recipe.md").read_text()
+  assert text == (BENCH / "aladdin/recipe/results/recipe.md").read_text()
   assert (
-    assert_results_tables_in("aladdin/RESULTS-recipe.md", [text, claims.render("aladdin_recipe")])
+    assert_results_tables_in("aladdin/recipe/RESULTS.md", [text, claims.render("aladdin_recipe")])
     == 2
   )
 
 
 def test_aladdin_equal_tuning_report_only(tmp_path, monkeypatch):
-  from benchmarks.aladdin import equal_tuning
+  from benchmarks.aladdin.equal_tuning import main as equal_tuning
 
   monkeypatch.setattr(equal_tuning, "plot", lambda *args: True)  # plots are not tables
-  out = copy_results("aladdin/results/equal_tuning", tmp_path, ["runs.json"])
+  out = copy_results("aladdin/equal_tuning/results", tmp_path, ["runs.json"])
   text = equal_tuning.main(["--report_only", "--out", str(out)])
-  assert text == (BENCH / "aladdin/results/equal_tuning/tables.md").read_text()
+  assert text == (BENCH / "aladdin/equal_tuning/results/tables.md").read_text()
   sources = [text, claims.render("aladdin_equal_tuning")]
-  assert assert_results_tables_in("aladdin/RESULTS-equal-tuning.md", sources) == 7
+  assert assert_results_tables_in("aladdin/equal_tuning/RESULTS.md", sources) == 7
 
 
-def test_aladdin_first_study_report_only(tmp_path, monkeypatch):
-  from benchmarks.aladdin import study
+def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
+  from benchmarks.aladdin.reproduction import main as study
 
   monkeypatch.setattr(study, "plot_speedups", lambda out, t3: "speedup_table3.png")
   monkeypatch.setattr(study, "_plot_curves", lambda *args: "accuracy_vs_time.png")
-  out = copy_results("aladdin/results", tmp_path, ["runs.json", "table3.json"])
+  out = copy_results("aladdin/reproduction/results", tmp_path, ["runs.json", "table3.json"])
   text = study.main(["--report_only", "--out", str(out)])
-  committed = (BENCH / "aladdin/results/tables.md").read_text()
+  committed = (BENCH / "aladdin/reproduction/results/tables.md").read_text()
   assert md_tables(text) == md_tables(committed)
-  sources = [text, claims.render("aladdin_first_study")]
-  assert assert_results_tables_in("aladdin/RESULTS.md", sources) == 7
+  sources = [text, claims.render("aladdin_reproduction")]
+  assert assert_results_tables_in("aladdin/reproduction/RESULTS.md", sources) == 7
+
+
+@pytest.mark.parametrize(
+  "study, result, expected",
+  [("ray_efficiency", "efficiency.json", 2), ("call_cost", "call_cost.json", 1)],
+)
+def test_aladdin_ray_report_only(tmp_path, monkeypatch, study, result, expected):
+  import importlib
+
+  module = importlib.import_module(f"benchmarks.aladdin.{study}.main")
+  monkeypatch.setattr(module, "plot", lambda *args: None)  # plots are not tables
+  out = copy_results(f"aladdin/{study}/results", tmp_path, [result])
+  text = module.main(["--report_only", "--out", str(out / result)])
+  assert assert_results_tables_in(f"aladdin/{study}/RESULTS.md", [text]) == expected
 
 
 @pytest.mark.parametrize(
@@ -215,12 +230,12 @@ def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected)
 # Ray: the tables of the sections that make claims, number by number from their JSON
 # ------------------------------------------------------------------------------------------------
 
-RAY = BENCH / "aladdin/ray"
+RAY = BENCH / "aladdin/ray_stragglers"
 RAY_ALGORITHMS = {"aladdin": "aladdin", "ar-sgd": "ar_sgd", "ar_sgd": "ar_sgd", "asp": "asp"}
 
 
 def _ray_section_tables(heading: str) -> list[str]:
-  text = (BENCH / "aladdin/RESULTS-ray.md").read_text()
+  text = (RAY / "RESULTS.md").read_text()
   start = text.index(heading)
   end = text.find("\n## ", start + 1)
   return md_tables(text[start : end if end > 0 else None])
@@ -242,9 +257,9 @@ def _check_ray_table(table: str, runs: dict) -> int:
 
 
 def test_ray_tables_match_their_json():
-  recipe = json.loads((RAY / "recipe/ray_stragglers.json").read_text())["runs"]
-  plain = json.loads((RAY / "ray_stragglers.json").read_text())["runs"]
-  momentum = json.loads((RAY / "ray_stragglers_momentum.json").read_text())["runs"]
+  recipe = json.loads((RAY / "results/recipe.json").read_text())["runs"]
+  plain = json.loads((RAY / "results/sgd_server.json").read_text())["runs"]
+  momentum = json.loads((RAY / "results/momentum_server.json").read_text())["runs"]
   first, both = _ray_section_tables("## The recipe against AR-SGD at a fixed wall budget")
   assert _check_ray_table(first, recipe) == 4
   for line in both.splitlines()[2:]:
@@ -264,5 +279,5 @@ def test_ray_tables_match_their_json():
   assert _check_ray_table(tables[0], plain) == 9
   tables = _ray_section_tables("### Second run: the server with momentum 0.9")
   assert _check_ray_table(tables[0], momentum) == 9
-  assert re.search(r"12\.5x", (BENCH / "aladdin/RESULTS-ray.md").read_text())
+  assert re.search(r"12\.5x", (RAY / "RESULTS.md").read_text())
   assert round(plain["HO/ar_sgd"]["throughput"] / recipe["HO/ar_sgd"]["throughput"], 1) == 12.5

@@ -173,6 +173,27 @@ def test_machine_info_names_the_versions_and_devices() -> None:
   assert "cpu" in info["devices"]
 
 
+def test_recorded_names_the_commit_and_marks_uncommitted_code(
+  tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+  monkeypatch.chdir(tmp_path)
+  assert harness.recorded()["commit"] == "unknown"  # not a repository
+  git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+  subprocess.run([*git, "init", "-q"], check=True)
+  (tmp_path / "f.txt").write_text("a")
+  subprocess.run([*git, "add", "f.txt"], check=True)
+  subprocess.run([*git, "commit", "-qm", "c"], check=True)
+  head = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+  ).stdout.strip()
+  (tmp_path / "untracked.txt").write_text("u")  # untracked files do not count
+  rec = harness.recorded()
+  assert rec["commit"] == head and rec["date"].endswith(" UTC")
+  assert rec["load_average"] == pytest.approx(os.getloadavg()[0], abs=5.0)
+  (tmp_path / "f.txt").write_text("b")
+  assert harness.recorded()["commit"] == f"{head}-dirty"
+
+
 _SCRIPT = """
 import os, sys
 sys.path.insert(0, {root!r})

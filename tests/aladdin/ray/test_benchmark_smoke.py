@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
-  """``python -m benchmarks.aladdin.MODULE --smoke --out OUT``, checked to exit 0."""
+  """``python -m benchmarks.aladdin.<study>.main --smoke --out OUT``, checked to exit 0."""
   done = subprocess.run(
     [sys.executable, "-m", f"benchmarks.aladdin.{module}", "--smoke", "--out", str(out)],
     cwd=ROOT,
@@ -31,7 +31,7 @@ def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
 
 def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
   out = tmp_path / "efficiency.json"
-  done = _smoke("ray_efficiency", out)
+  done = _smoke("ray_efficiency.main", out)
   results = json.loads(out.read_text())
   (single,) = results["single"]
   pair = single["pairs"][0]
@@ -47,7 +47,7 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
 
 def test_call_cost_benchmark_smoke(tmp_path: Path) -> None:
   out = tmp_path / "call_cost.json"
-  done = _smoke("ray_call_cost", out)
+  done = _smoke("call_cost.main", out)
   (row,) = json.loads(out.read_text())["rows"]
   (inline,), (ring,) = row["runs"]["inline"], row["runs"]["ring"]
   for run in (inline, ring):

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-  python -m benchmarks.aladdin.receive_cost [--quick] [--repeats N] [--period 4]
+  python -m benchmarks.aladdin.receive_cost.main [--quick] [--repeats N] [--period 4]
 
 Every number printed is a RATIO measured side by side in one run: each function is jitted with
 its state donated (as a server would run it) and warmed up, then the candidates run interleaved
@@ -31,7 +31,7 @@ a shared machine adds) are printed, with the absolute times as context.
 
 Trees: ResNet-50 for CIFAR-10 (23.5 M float32 parameters in 161 leaves) and a small MLP
 (0.1 M parameters, 6 leaves). The measured ratios and the machine are in
-``benchmarks/aladdin/RESULTS-receive-cost.md``.
+``benchmarks/aladdin/receive_cost/RESULTS.md``.
 
 Like the overhead benchmark, the script re-executes itself with glibc told to keep freed memory
 (``benchmarks.harness.reexec_with_caching_malloc``: otherwise every buffer over 32 MB is mapped

@@ -23,10 +23,10 @@ writing ``<out>/tables.md``, ``summary.json`` and the plots from whatever has fi
 
 Usage::
 
-  python -m benchmarks.aladdin.study --smoke --out /tmp/aladdin_smoke   # seconds, CI
-  python -m benchmarks.aladdin.study                                    # RESULTS.md's study
-  python -m benchmarks.aladdin.study --parts table3                     # timing only, seconds
-  python -m benchmarks.aladdin.study --report_only                      # tables from finished runs
+  python -m benchmarks.aladdin.reproduction.main --smoke --out /tmp/aladdin_smoke  # seconds, CI
+  python -m benchmarks.aladdin.reproduction.main                  # RESULTS.md's study
+  python -m benchmarks.aladdin.reproduction.main --parts table3   # timing only, seconds
+  python -m benchmarks.aladdin.reproduction.main --report_only    # tables from finished runs
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpy as np
 import optax
 
 from benchmarks import harness
-from benchmarks.aladdin.table3 import plot_speedups, table3, table3_markdown
+from benchmarks.aladdin.reproduction.table3 import plot_speedups, table3, table3_markdown
 from benchmarks.aladdin.training import (
   ALGORITHMS,
   LABELS,

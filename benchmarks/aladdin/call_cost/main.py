@@ -10,13 +10,17 @@ paths alternate ``--repeats`` times. The messages are the example CNN's (12,106 
 
 Usage::
 
-  python -m benchmarks.aladdin.ray_call_cost --out benchmarks/aladdin/ray/call_cost.json
-  python -m benchmarks.aladdin.ray_call_cost --smoke --out /tmp/call_cost.json   # CI
+  python -m benchmarks.aladdin.call_cost.main                # results/call_cost.json and .png
+  python -m benchmarks.aladdin.call_cost.main --report_only  # table and plot from the JSON
+  python -m benchmarks.aladdin.call_cost.main --smoke --out /tmp/call_cost.json   # CI
+
+The JSON's ``recorded`` field holds the commit, date, load and command of the measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
-from benchmarks.aladdin.ray_efficiency import cpu_seconds
+from benchmarks.aladdin.ray_efficiency.main import cpu_seconds
 
 SIZE, PERIOD, MAX_INFLIGHT = 12_106, 4, 2
 
@@ -178,14 +182,23 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
   plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+  """Measures (or with ``--report_only`` reads) the rows; returns and prints the table."""
   parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
   parser.add_argument("--folds", type=int, nargs="+", default=[1, 4, 16, 32])
   parser.add_argument("--calls", type=int, default=300, help="per run")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--smoke", action="store_true", help="a few calls (CI)")
-  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/ray/call_cost.json"))
-  args = parser.parse_args()
+  parser.add_argument(
+    "--out", type=Path, default=Path(__file__).resolve().parent / "results" / "call_cost.json"
+  )
+  parser.add_argument("--report_only", action="store_true", help="table and plot from --out")
+  args = parser.parse_args(argv)
+  if args.report_only:
+    rows = json.loads(args.out.read_text())["rows"]
+    plot(rows, args.out.with_suffix(".png"))
+    print(table(rows))
+    return table(rows)
   if args.smoke:
     args.folds, args.calls, args.repeats = [4], 50, 1
 
@@ -194,10 +207,16 @@ def main() -> None:
   ad.exit_on_stop_signals()
   ad.connect()
   rows = measure(args.folds, args.calls, args.repeats)
-  results = {"machine": harness.machine_info(), "calls": args.calls, "rows": rows}
+  results = {
+    "recorded": harness.recorded(),
+    "machine": harness.machine_info(),
+    "calls": args.calls,
+    "rows": rows,
+  }
   harness.write_json(args.out, results)
   plot(rows, args.out.with_suffix(".png"))
   print(table(rows))
+  return table(rows)
 
 
 if __name__ == "__main__":

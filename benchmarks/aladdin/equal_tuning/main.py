@@ -1,6 +1,6 @@
 """The second ALADDIN study: the five algorithms at equal tuning, with ALADDIN's recipe defaults.
 
-Setting (the first study's, ``training.py``): 8 simulated workers (4 machines x 2), the example CNN
+Setting (the first study's, ``../training.py``): 8 simulated workers (4 machines x 2), the CNN
 on MNIST-1D (4,000 training examples, batch 32 per worker), the paper's cluster ratios scaled to
 the CNN, +-10% compute jitter; clusters HO, HE1 (worker 0 x10 slower), HE2 (x100).
 
@@ -20,10 +20,10 @@ Row sets (cells ``group/algorithm/cluster/epochs/seed``):
 
 Usage::
 
-  python -m benchmarks.aladdin.equal_tuning                  # resumable: skips the finished cells
-  python -m benchmarks.aladdin.equal_tuning --max_cells 20   # the next 20 cells in priority order
-  python -m benchmarks.aladdin.equal_tuning --report_only    # tables and plot from finished cells
-  python -m benchmarks.aladdin.equal_tuning --smoke --out /tmp/s   # the CI smoke version
+  python -m benchmarks.aladdin.equal_tuning.main                 # resumable: skips finished cells
+  python -m benchmarks.aladdin.equal_tuning.main --max_cells 20  # the next 20 cells by priority
+  python -m benchmarks.aladdin.equal_tuning.main --report_only   # tables, plot: finished cells
+  python -m benchmarks.aladdin.equal_tuning.main --smoke --out /tmp/s   # the CI smoke version
 
 Outputs in ``--out``: ``runs.json`` (one summary per finished cell), ``tables.md``,
 ``accuracy_vs_time.png``, ``machine.json``.
@@ -46,7 +46,7 @@ from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "equal_tuning"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("aladdin", "ar_sgd", "asp", "easgd", "sgp")
 LABELS = training.LABELS
 TARGET = 0.8  # test accuracy for the time-to-target column

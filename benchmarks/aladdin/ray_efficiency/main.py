@@ -22,13 +22,18 @@ absolute times):
 
 Usage::
 
-  python -m benchmarks.aladdin.ray_efficiency --out benchmarks/aladdin/ray/efficiency.json
-  python -m benchmarks.aladdin.ray_efficiency --smoke --out /tmp/efficiency.json   # CI
+  python -m benchmarks.aladdin.ray_efficiency.main --repeats 5 --seconds 4 --cluster_seconds 10 \\
+      --cluster_repeats 1     # results/efficiency.json and .png, the table of RESULTS.md
+  python -m benchmarks.aladdin.ray_efficiency.main --report_only   # table and plot from the JSON
+  python -m benchmarks.aladdin.ray_efficiency.main --smoke --out /tmp/efficiency.json   # CI
+
+The JSON's ``recorded`` field holds the commit, date, load and command of the measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
@@ -261,6 +266,7 @@ def table(results: dict[str, Any]) -> str:
   return text
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {128: 0.8, 32: 0.6}  # ALADDIN.md, "Runtime efficiency"
 
 
@@ -302,7 +308,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
   plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+  """Measures (or with ``--report_only`` reads) the results; returns and prints the table."""
   parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
   parser.add_argument("--batch_sizes", type=int, nargs="+", default=[128, 32])
   parser.add_argument("--seconds", type=float, default=5.0, help="per loop and per Ray run")
@@ -312,8 +319,14 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=4, help="of the cluster measurement")
   parser.add_argument("--smoke", action="store_true", help="seconds-long runs (CI)")
   parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of the local Ray node")
-  parser.add_argument("--out", type=Path, default=Path("benchmarks/aladdin/ray/efficiency.json"))
-  args = parser.parse_args()
+  parser.add_argument("--out", type=Path, default=RESULTS / "efficiency.json")
+  parser.add_argument("--report_only", action="store_true", help="table and plot from --out")
+  args = parser.parse_args(argv)
+  if args.report_only:
+    results = json.loads(args.out.read_text())
+    plot(results, args.out.with_suffix(".png"))
+    print(table(results))
+    return table(results)
   if args.smoke:
     args.batch_sizes, args.seconds, args.repeats = [32], 1.0, 1
     args.cluster_seconds, args.cluster_repeats, args.workers = 2.0, 1, 2
@@ -323,6 +336,7 @@ def main() -> None:
   ad.exit_on_stop_signals()
   ad.connect(num_cpus=args.num_cpus)
   results: dict[str, Any] = {
+    "recorded": harness.recorded(),
     "machine": harness.machine_info(),
     "single": [single(b, args.seconds, args.repeats) for b in args.batch_sizes],
   }
@@ -332,6 +346,7 @@ def main() -> None:
   harness.write_json(args.out, results)
   plot(results, args.out.with_suffix(".png"))
   print(table(results))
+  return table(results)
 
 
 if __name__ == "__main__":

@@ -5,18 +5,22 @@ Every (cluster, algorithm) pair trains the MNIST-1D CNN of ``python -m examples.
 HO (homogeneous), HE1 (worker 0 x10) and HE2 (worker 0 x100; the worker sleeps so that each of
 its iterations takes FACTOR times its compute time). Throughput is reported relative to the same
 algorithm's HO run, since the machine has fewer cores than processes. Resumable: finished runs
-are kept in ``--out`` and skipped.
+are kept in ``--out`` and skipped. The plots go next to ``--out``: ``<stem>_accuracy.png`` and
+``<stem>_throughput.png``; the JSON's ``recorded`` field holds the commit, date and command.
 
 Usage::
 
-  python -m benchmarks.aladdin.ray_stragglers --time_budget 20 \\
-      --out benchmarks/aladdin/ray/ray_stragglers.json --plot_dir benchmarks/aladdin/ray
+  python -m benchmarks.aladdin.ray_stragglers.main --time_budget 20 \\
+      --out benchmarks/aladdin/ray_stragglers/results/sgd_server.json
+  python -m benchmarks.aladdin.ray_stragglers.main --report_only \\
+      --out benchmarks/aladdin/ray_stragglers/results/sgd_server.json   # table and plots only
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from typing import Any
 from benchmarks import harness
 
 CLUSTERS = {"HO": {}, "HE1": {0: 10.0}, "HE2": {0: 100.0}}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +60,14 @@ def main() -> None:
   parser.add_argument("--worker_nice", type=int, default=None, help="None: the runtime's")
   parser.add_argument("--num_cpus", type=int, default=2)
   parser.add_argument("--server_momentum", action="store_true", help="server: SGD momentum 0.9")
-  parser.add_argument(
-    "--out", type=Path, default=Path("benchmarks/aladdin/ray/ray_stragglers.json")
-  )
-  parser.add_argument("--plot_dir", type=Path, default=Path("benchmarks/aladdin/ray"))
+  parser.add_argument("--out", type=Path, default=RESULTS / "defaults.json")
+  parser.add_argument("--report_only", action="store_true", help="table and plots from --out")
   args = parser.parse_args()
+  if args.report_only:
+    results = json.loads(args.out.read_text())
+    print(table(results))
+    plot(results, args.out)
+    return
 
   from examples.aladdin.main import Options, run_one
   from examples.aladdin.task import TaskOptions, build_task
@@ -75,6 +83,7 @@ def main() -> None:
   task, accuracy = build_task(base.task)
   accuracy(task.init_params)
   results: dict[str, Any] = harness.load_summaries(args.out)
+  results.setdefault("recorded", harness.recorded())
   results.setdefault("machine", harness.machine_info())
   ad.exit_on_stop_signals()
   ad.connect(num_cpus=args.num_cpus)
@@ -91,7 +100,7 @@ def main() -> None:
     describe=_describe,
   )
   print(table(results))
-  plot(results, args.plot_dir)
+  plot(results, args.out)
 
 
 def table(results: dict[str, Any]) -> str:
@@ -110,8 +119,8 @@ def table(results: dict[str, Any]) -> str:
   return harness.markdown_table([*header, "iterations per worker", "wait % per worker"], rows)
 
 
-def plot(results: dict[str, Any], plot_dir: Path) -> None:
-  """Accuracy vs wall time per cluster, and relative throughput bars."""
+def plot(results: dict[str, Any], out: Path) -> None:
+  """Accuracy vs wall time per cluster, and relative throughput bars, next to ``out``."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -131,8 +140,8 @@ def plot(results: dict[str, Any], plot_dir: Path) -> None:
     ax.grid(alpha=0.3)
   (axes[0] if len(clusters) > 1 else axes).set_ylabel("test accuracy")
   (axes[0] if len(clusters) > 1 else axes).legend()
-  plot_dir.mkdir(parents=True, exist_ok=True)
-  fig.savefig(plot_dir / "ray_stragglers_accuracy.png", dpi=120, bbox_inches="tight")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out.with_name(f"{out.stem}_accuracy.png"), dpi=120, bbox_inches="tight")
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -150,7 +159,7 @@ def plot(results: dict[str, Any], plot_dir: Path) -> None:
   ax.set(ylabel="throughput / own HO throughput")
   ax.axhline(0.8, color="gray", ls="--", lw=0.8)
   ax.legend()
-  fig.savefig(plot_dir / "ray_stragglers_throughput.png", dpi=120, bbox_inches="tight")
+  fig.savefig(out.with_name(f"{out.stem}_throughput.png"), dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 

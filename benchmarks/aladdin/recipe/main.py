@@ -3,14 +3,14 @@
 The setting of the target: 8 simulated workers, the example CNN on MNIST-1D, 15 epochs of
 samples, the workers' optimizer ``al.local_optimizer(0.1)`` (momentum 0.9, weight decay 1e-4)
 for ALADDIN and AR-SGD alike, on the homogeneous cluster (HO) and with one worker 10x slower
-(HE1), seeds 0, 1, 2 (the first study's cluster, data and model: ``training.py``). Candidates:
+(HE1), seeds 0, 1, 2 (the first study's cluster, data and model: ``../training.py``). Candidates:
 update messages with alpha / period / server optimizer variants, and the paper's literal reading
 (gradient messages, ``optax.sgd(eta)``, alpha ``"count"``).
 
 Usage::
 
-  python -m benchmarks.aladdin.recipe                 # resumable; the table of RESULTS-recipe.md
-  python -m benchmarks.aladdin.recipe --report_only   # the table from the finished runs
+  python -m benchmarks.aladdin.recipe.main                # resumable; the table of RESULTS.md
+  python -m benchmarks.aladdin.recipe.main --report_only  # the table from the finished runs
 
 Every run's summary is kept in ``<out>/runs.json`` (one file; a run in it is skipped), the
 table in ``<out>/recipe.md``.
@@ -33,7 +33,7 @@ from benchmarks.aladdin import training
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "recipe"  # runs.json, recipe.md
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"  # runs.json, recipe.md
 SEEDS = (0, 1, 2)
 CLUSTERS = ("HO", "HE1")
 LR = 0.1
