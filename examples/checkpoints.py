@@ -296,10 +296,10 @@ def restore_latest(
       except Exception as e:  # orbax and TensorStore raise many types; all mean "unusable"
         reason = f"it does not restore ({_first_line(e)})"
     # Every process decides alike (they read the same files); agree before any collective.
-    ok = np.array(restored is not None)
+    ok = restored is not None
     if jax.process_count() > 1:
-      ok = np.all(multihost_utils.process_allgather(ok))
-    if ok and record is not None:
+      ok = bool(np.all(multihost_utils.process_allgather(np.array(ok))))
+    if ok and restored is not None and record is not None:
       reason = check_tree(record, restored)
       if not reason:
         if int(restored["data"]["seed"]) != seed:

@@ -226,12 +226,13 @@ def _live_processes(timeout_s: float = 3.0) -> set[int] | None:
   client, n = jax_distributed.global_state.client, jax.process_count()
   result: list[set[int]] = []
 
+  if client is None:
+    return None
+
   def ask() -> None:
     with contextlib.suppress(Exception):  # the service is gone: None below
       result.append(set(client.get_live_nodes(list(range(n)))))
 
-  if client is None:
-    return None
   asking = threading.Thread(target=ask, daemon=True)
   asking.start()
   asking.join(timeout_s)

@@ -88,7 +88,7 @@ def install(spec: str | None = None) -> Fault | None:
 
       return stream()
 
-    input_pipeline.global_batches = global_batches  # type: ignore[assignment]
+    input_pipeline.global_batches = global_batches
   elif fault.moment == "eval":
     evaluate: Callable[..., Any] = train.evaluate
 
@@ -98,9 +98,11 @@ def install(spec: str | None = None) -> Fault | None:
         die()
       return evaluate(state, *args, **kwargs)
 
-    train.evaluate = evaluate_then_die  # type: ignore[assignment]
+    train.evaluate = evaluate_then_die
   else:
-    manager_cls = train.ocp.CheckpointManager
+    import orbax.checkpoint as ocp
+
+    manager_cls = ocp.CheckpointManager
     save = manager_cls.save
 
     @functools.wraps(save)
@@ -110,5 +112,5 @@ def install(spec: str | None = None) -> Fault | None:
         die()
       return result
 
-    manager_cls.save = save_then_die  # type: ignore[method-assign]
+    manager_cls.save = save_then_die
   return fault
