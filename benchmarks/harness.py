@@ -184,9 +184,16 @@ def is_finished(workdir: str | Path) -> bool:
   from examples import metrics  # imports jax: not at module level (see force_host_devices)
 
   config = read_config(workdir)
+  path = Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return False
+  lines = [line for line in path.read_text().splitlines() if line.strip()]
   try:
+    # A line cut in mid-write: the process was killed, so the run is resumed (which rewrites it).
+    if lines:
+      json.loads(lines[-1])
     evals = metrics.read_metrics(workdir, "eval")
-  except (FileNotFoundError, json.JSONDecodeError):  # not started, or cut in mid-line
+  except ValueError:  # JSONDecodeError, or the trainer's error for a damaged earlier line
     return False
   if config is None or "total_steps" not in config:
     return False

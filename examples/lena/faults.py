@@ -54,9 +54,19 @@ def parse(spec: str) -> Fault:
 
 def die() -> None:
   """Ends this process (and its supervisor) at once, as SIGKILL from outside would."""
-  sys.stderr.write(f"{ENV}: process {jax.process_index()} kills itself now\n")
-  sys.stderr.flush()
-  if os.environ.get("EXAMPLES_LENA_SUPERVISOR_PID") == str(os.getppid()):
+  line = f"{ENV}: process {jax.process_index()} kills itself now\n"
+  supervised = os.environ.get("EXAMPLES_LENA_SUPERVISOR_PID") == str(os.getppid())
+  # Under the supervisor this process's stderr is a pipe that the supervisor, killed next,
+  # would not get to forward: the line goes straight to the supervisor's own stderr.
+  try:
+    if not supervised:
+      raise OSError
+    with open(f"/proc/{os.getppid()}/fd/2", "a") as err:
+      err.write(line)
+  except OSError:
+    sys.stderr.write(line)
+    sys.stderr.flush()
+  if supervised:
     os.kill(os.getppid(), signal.SIGKILL)
   os.kill(os.getpid(), signal.SIGKILL)
 

@@ -278,7 +278,7 @@ def test_a_dead_peer_ends_the_survivor_cleanly(lena_runs, cache_dir: str, fault:
     return
   assert f"from the newest complete checkpoint, step {steps[-1]}, in " in message, message
   restored = checkpoints.restore_checkpoint(workdir)
-  assert int(restored["state"].step) == steps[-1] and steps[-1] in (2, 4), steps
+  assert int(restored["state"]["step"]) == steps[-1] and steps[-1] in (2, 4), steps
 
 
 def test_wrong_process_count_and_unreachable_coordinator_fail_fast(
