@@ -10,10 +10,13 @@ Every checkpoint ``checkpoints/<step>`` gets a ``digest.json`` once its save has
 path, shape, dtype and SHA-256 of every array (its little-endian C-order bytes) in tree order,
 one SHA-256 over them all, the size and SHA-256 of every file of the step, and a seal over the
 record itself. TensorStore checks its b-trees but not the arrays' value chunks, so a flipped
-bit there restores without error; the digest is what catches it. A step without a digest is
-incomplete (the save did not finish). On resume the newest step is tried first: a damaged
-one is named in a warning, moved to ``checkpoints_damaged/`` and the next older one is tried
-(``damaged_checkpoints='fallback'``), or the run stops naming the directory to delete
+bit there restores without error; the digest is what catches it. A step without a digest (or
+an empty one) is incomplete: the process died while saving, before the digest was written. It
+is named in a warning and moved to ``checkpoints_incomplete/`` whatever the setting, as orbax
+sets aside its own unfinished saves, and resuming goes on from the step before it (from the
+start when there is none: nothing was saved). On resume the newest step is tried first: a
+damaged one is named in a warning, moved to ``checkpoints_damaged/`` and the next older one is
+tried (``damaged_checkpoints='fallback'``), or the run stops naming the directory to delete
 (``'error'``).
 """
 
@@ -36,6 +39,8 @@ from examples.lena.configs import Config, ConfigError
 log = logging.getLogger("examples.lena.train")
 DIGEST = "digest.json"
 DAMAGED_DIR = "checkpoints_damaged"  # beside checkpoints/, where orbax does not look
+INCOMPLETE_DIR = "checkpoints_incomplete"
+_INCOMPLETE = (f"no {DIGEST}: the save did not finish", "an empty step directory")
 ON_DAMAGE = ("fallback", "error")
 _FORMAT = 1
 
@@ -121,10 +126,10 @@ def check_files(step_dir: Path) -> tuple[dict[str, Any] | None, str]:
   """``(digest, '')`` when ``step_dir`` holds a sealed digest whose files are all intact, else
   ``(None, reason)``."""
   if not any(step_dir.iterdir()):
-    return None, "an empty step directory"
+    return None, _INCOMPLETE[1]
   path = step_dir / DIGEST
   if not path.exists():
-    return None, f"no {DIGEST}: the save did not finish"
+    return None, _INCOMPLETE[0]
   try:
     record = json.loads(path.read_text())
     ok = isinstance(record, dict) and record.get("seal") == _seal(record)
@@ -176,28 +181,30 @@ def _sync(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
-def _reject(step_dir: Path, reason: str, on_damage: str) -> None:
-  """Stops (``'error'``) or warns and moves ``step_dir`` to ``checkpoints_damaged/``."""
-  if on_damage == "error":
+def _set_aside(step_dir: Path, reason: str, on_damage: str) -> None:
+  """Moves an incomplete step to ``checkpoints_incomplete/``; for a damaged one, stops
+  (``'error'``) or warns and moves it to ``checkpoints_damaged/``."""
+  incomplete = reason in _INCOMPLETE
+  if on_damage == "error" and not incomplete:
     raise DamagedCheckpointError(
       f"Checkpoint {step_dir} is damaged: {reason}. Delete that directory (or move it out of "
       f"{step_dir.parent}) to resume from the previous checkpoint, or set "
       "damaged_checkpoints=fallback to do so automatically."
     )
-  target = step_dir.parent.parent / DAMAGED_DIR / step_dir.name
+  target = step_dir.parent.parent / (INCOMPLETE_DIR if incomplete else DAMAGED_DIR) / step_dir.name
   n = 0
   while target.exists():
     n += 1
     target = target.with_name(f"{step_dir.name}-{n}")
   log.warning(
-    "Checkpoint %s is damaged: %s. Falling back to the previous checkpoint; the damaged one "
-    "is moved to %s.",
-    *(step_dir, reason, target),
+    "Checkpoint %s is %s: %s. Resuming from the checkpoint before it (if any); this one is "
+    "moved to %s.",
+    *(step_dir, "incomplete" if incomplete else "damaged", reason, target),
   )
   if jax.process_index() == 0:
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(step_dir, target)
-  _sync(f"checkpoints:rejected:{step_dir.name}")
+  _sync(f"checkpoints:set_aside:{step_dir.name}")
 
 
 def _no_good_checkpoint(directory: Path) -> DamagedCheckpointError:
@@ -213,8 +220,9 @@ def manager(workdir: Path, config: Config) -> ocp.CheckpointManager | None:
   """Orbax manager of ``workdir/checkpoints`` keeping the last ``keep_checkpoints``; None when
   ``checkpoint_every`` is 0 (no checkpoints, no resuming).
 
-  Step directories whose files do not match their digest (or that have none) are handled first,
-  as ``config.damaged_checkpoints`` says: orbax reads every step's metadata when it starts.
+  Step directories whose files do not match their digest are handled first, as
+  ``config.damaged_checkpoints`` says, and those without one are set aside: orbax reads every
+  step's metadata when it starts.
 
   Raises:
     DamagedCheckpointError: a damaged step with ``damaged_checkpoints='error'``, or no step left
@@ -228,8 +236,9 @@ def manager(workdir: Path, config: Config) -> ocp.CheckpointManager | None:
     )
   directory = workdir.absolute() / "checkpoints"
   for step_dir in _step_dirs(directory):
-    if check_files(step_dir)[0] is None:
-      _reject(step_dir, check_files(step_dir)[1], config.damaged_checkpoints)
+    record, reason = check_files(step_dir)
+    if record is None:
+      _set_aside(step_dir, reason, config.damaged_checkpoints)
   if not _step_dirs(directory) and (directory.parent / DAMAGED_DIR).exists():
     raise _no_good_checkpoint(directory)
   options = ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True)
@@ -240,7 +249,7 @@ def save(mgr: ocp.CheckpointManager, step: int, tree: dict[str, Any]) -> None:
   """Saves ``tree`` as step ``step`` and, once the save has finished, its digest (process 0).
 
   The save is waited for so that the digest describes finished files: a crash leaves at worst
-  one step without a digest, which resuming skips."""
+  one step without a digest, which resuming sets aside."""
   leaves = tree_digest(tree)
   mgr.save(step, args=ocp.args.StandardSave(tree))
   mgr.wait_until_finished()
@@ -308,7 +317,7 @@ def restore_latest(
             f"{int(restored['data']['seed'])}, not {seed}."
           )
         return restored
-    _reject(step_dir, reason or "another process could not restore it", on_damage)
+    _set_aside(step_dir, reason or "another process could not restore it", on_damage)
     mgr.reload()
   if tried:
     raise _no_good_checkpoint(directory)

@@ -1,7 +1,7 @@
 """A damaged checkpoint is never resumed: bit flips in every kind of file of the newest step,
-truncation, zero-fill, damaged metadata, a save that did not finish and a stray empty step each
-end in a warning naming the step and a fallback to the previous checkpoint (or, when asked, an
-error naming the directory to delete); a resumed run from the fallback ends bitwise as the
+truncation, zero-fill and damaged metadata each end in a warning naming the step and a fallback
+to the previous checkpoint (or, when asked, an error naming the directory to delete); a save
+that did not finish and a stray empty step are set aside as incomplete; a resumed run from the fallback ends bitwise as the
 undamaged run. A partial last line of ``metrics.jsonl`` is dropped, a damaged ``config.json``
 is a clear error."""
 
@@ -77,13 +77,13 @@ def _files_by_kind(step_dir: Path) -> dict[str, list[Path]]:
   return out
 
 
-def _assert_fell_back(trained, restored, caplog, damaged: str) -> None:
+def _assert_fell_back(trained, restored, caplog, damaged: str, how: str = "damaged") -> None:
   """The resume took step 3 exactly, after a warning naming the damaged step."""
   assert restored is not None
   assert int(restored["state"]["step"]) == EVERY
   assert _same(restored["state"], trained[3][EVERY]["state"])
   warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-  assert any(f"checkpoints/{damaged} is damaged" in m for m in warned), warned
+  assert any(f"checkpoints/{damaged} is {how}" in m for m in warned), warned
 
 
 def test_bit_flips_in_every_file_kind_fall_back_to_the_previous_checkpoint(
@@ -132,15 +132,31 @@ def test_truncated_zeroed_or_unfinished_checkpoints_are_not_resumed(
     target.write_bytes(target.read_bytes()[: size // 2] if "truncate" in damage else bytes(size))
   with caplog.at_level(logging.WARNING, logger="examples.lena.train"):
     restored = _resume_layer(workdir, trained[1], trained[3][EVERY])
-  _assert_fell_back(trained, restored, caplog, str(STEPS))
-  # Asked to stop instead: the error names the directory to delete.
+  how = "incomplete" if damage == "no digest" else "damaged"
+  _assert_fell_back(trained, restored, caplog, str(STEPS), how)
+  kept = checkpoints.INCOMPLETE_DIR if damage == "no digest" else checkpoints.DAMAGED_DIR
+  assert (workdir / kept / str(STEPS)).is_dir()
+
+
+def test_an_unfinished_save_is_set_aside_even_when_damage_is_an_error(
+  trained, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+  """A crash between orbax's rename and the digest is an ordinary crash, not damage: with
+  ``damaged_checkpoints='error'`` it is set aside, and with no older step the run starts afresh
+  (nothing was saved); a damaged step still stops the run, naming the directory to delete."""
+  workdir = _copy(trained, tmp_path)
+  error = dataclasses.replace(trained[1], damaged_checkpoints="error")
+  for step in (STEPS, EVERY):
+    (workdir / "checkpoints" / str(step) / checkpoints.DIGEST).unlink()
+  with caplog.at_level(logging.WARNING, logger="examples.lena.train"):
+    assert _resume_layer(workdir, error, trained[3][EVERY]) is None
+  assert sorted(p.name for p in (workdir / checkpoints.INCOMPLETE_DIR).iterdir()) == ["3", "6"]
+  assert not (workdir / checkpoints.DAMAGED_DIR).exists()
   shutil.rmtree(workdir)
   workdir = _copy(trained, tmp_path)
-  (workdir / "checkpoints" / str(STEPS) / checkpoints.DIGEST).unlink()
+  (workdir / "checkpoints" / str(STEPS) / checkpoints.DIGEST).write_text("{")
   with pytest.raises(checkpoints.DamagedCheckpointError, match=f"checkpoints/{STEPS}.*Delete"):
-    _resume_layer(
-      workdir, dataclasses.replace(trained[1], damaged_checkpoints="error"), trained[3][EVERY]
-    )
+    _resume_layer(workdir, error, trained[3][EVERY])
 
 
 def test_a_stray_empty_step_is_skipped_and_no_good_checkpoint_is_a_clear_error(
@@ -152,7 +168,7 @@ def test_a_stray_empty_step_is_skipped_and_no_good_checkpoint_is_a_clear_error(
     restored = _resume_layer(workdir, trained[1], trained[3][EVERY])
   assert restored is not None and int(restored["state"]["step"]) == STEPS
   assert any(
-    "checkpoints/9 is damaged: an empty step directory" in r.getMessage() for r in caplog.records
+    "checkpoints/9 is incomplete: an empty step directory" in r.getMessage() for r in caplog.records
   )
   for step in (EVERY, STEPS):
     (workdir / "checkpoints" / str(step) / checkpoints.DIGEST).write_text("{")

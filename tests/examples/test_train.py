@@ -318,9 +318,14 @@ def test_cli_parsing_and_errors(capsys: pytest.CaptureFixture) -> None:
 
 
 def _finished_checkpoints(workdir: Path) -> list[int]:
-  """Steps of finalised checkpoints (orbax writes to a temporary name, then renames)."""
+  """Steps of finished checkpoints: orbax writes to a temporary name and renames, then the
+  trainer writes the digest (atomically)."""
   d = workdir / "checkpoints"
-  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+  if not d.exists():
+    return []
+  return sorted(
+    int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / checkpoints.DIGEST).exists()
+  )
 
 
 def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) -> None:
@@ -362,7 +367,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path: Path, cache_dir: str) ->
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from checkpoint at step" in resumed.stderr
   resumed_from = int(resumed.stderr.split("Resumed from checkpoint at step ")[1].split()[0])
-  assert 0 < resumed_from < total
+  assert resumed_from == killed_at  # the newest finished checkpoint, digest and all
 
   # The uninterrupted run, in this process (same 8 CPU devices, same compiled programs).
   config, _, _ = cli.parse_args([*args, "--workdir", "unused"])
