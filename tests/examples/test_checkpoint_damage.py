@@ -1,9 +1,9 @@
 """A damaged checkpoint is never resumed: bit flips in every kind of file of the newest step,
 truncation, zero-fill and damaged metadata each end in a warning naming the step and a fallback
 to the previous checkpoint (or, when asked, an error naming the directory to delete); a save
-that did not finish and a stray empty step are set aside as incomplete; a resumed run from the fallback ends bitwise as the
-undamaged run. A partial last line of ``metrics.jsonl`` is dropped, a damaged ``config.json``
-is a clear error."""
+that did not finish and a stray empty step are set aside as incomplete; a resumed run from
+the fallback ends bitwise as the undamaged run. A partial last line of ``metrics.jsonl`` is
+dropped, a damaged ``config.json`` is a clear error."""
 
 from __future__ import annotations
 
