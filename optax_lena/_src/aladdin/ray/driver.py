@@ -147,7 +147,9 @@ class Runtime:
     if self._closed:
       return
     with self.signals.deferred():
-      if ray.is_initialized():
+      # A lost cluster is not asked anything: Ray's calls to a dead GCS (``ray.nodes``,
+      # ``ray.kill``) retry for a minute, then Ray's C++ ends the process.
+      if ray.is_initialized() and bootstrap.gcs_reachable():
         if checkpoint and self.config.checkpoint_dir is not None and self.shards:
           with contextlib.suppress(Exception):
             ray.get([s.checkpoint.remote() for s in self.shards], timeout=30)
@@ -157,8 +159,8 @@ class Runtime:
         if self.workers:
           with contextlib.suppress(Exception):
             self.rings_removed = bootstrap.remove_rings_on_other_nodes(self.run_name)
-        if self.owns_cluster:
-          ray.shutdown()
+      if ray.is_initialized() and self.owns_cluster:
+        ray.shutdown()
       channel.remove_rings(self.run_name)  # this node's
       self.workers, self.shards, self.peers = [], [], []
       self.owns_cluster = False
