@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import collections
 import pathlib
+import re
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -67,3 +68,23 @@ def test_each_engine_has_its_own_folder() -> None:
     "worker.py",
   ], loose
   assert (src / "sim" / "simulator.py").is_file() and (src / "ray" / "driver.py").is_file()
+
+
+def test_every_repository_path_named_by_aladdin_code_and_docs_exists() -> None:
+  # Moves (sim/, per-study benchmark folders) left docstrings naming files that were gone.
+  out = subprocess.run(
+    ["git", "ls-files", "optax_lena", "docs", "benchmarks/aladdin", "examples/aladdin"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.split()
+  pattern = re.compile(r"(?<![\w/.])(?:benchmarks|optax_lena|examples|tests)/[\w./-]*\w")
+  missing = [
+    f"{p}: {m}"
+    for p in out
+    if p.endswith((".py", ".md"))
+    for m in pattern.findall((ROOT / p).read_text())
+    if not (ROOT / m).exists()
+  ]
+  assert not missing, "named paths that do not exist; fix the reference:\n" + "\n".join(missing)

@@ -185,7 +185,7 @@ def parameter_server(
   share a buffer); a server loop uses ``serve`` instead and reads the new x~ from
   ``state.params``. Sending the message as one contiguous array (a server initialised with the
   flattened parameters) makes each pass one kernel instead of one per leaf.
-  ``benchmarks/aladdin/receive_cost.py`` measures these against an ``optax.sgd`` step.
+  ``benchmarks/aladdin/receive_cost/main.py`` measures these against an ``optax.sgd`` step.
 
   Args:
     num_workers: n, the number of workers (indices ``0 .. n-1``).

@@ -255,7 +255,7 @@ def shard_nice(step_cores: int) -> int:
   with the shards; a shard applies a fold of messages in one burst of milliseconds, and XLA
   idles on the worker's core if that burst delays the next dispatch. At a lower priority the
   shards run in the time the workers' threads leave, which pinning only enables where the
-  cluster has cores to spare (measured in ``benchmarks/aladdin/RESULTS-ray.md``).
+  cluster has cores to spare (measured in ``benchmarks/aladdin/ray_efficiency/RESULTS.md``).
   """
   return 10 if step_cores else 0
 

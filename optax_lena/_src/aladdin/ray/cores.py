@@ -7,7 +7,7 @@ cores and wakes up behind the worker's Python, sender and Ray threads or a PS sh
 takes longer than the same step in a plain loop. Pinned, XLA's threads have a core that nothing
 else of the runtime runs on, and everything else (the Python thread that dispatches included,
 so that its work overlaps the step instead of taking turns with it) runs on the other cores
-(measured in ``benchmarks/aladdin/RESULTS-ray.md``).
+(measured in ``benchmarks/aladdin/ray_efficiency/RESULTS.md``).
 
 Which cores a worker takes is decided on its node, without the driver: a worker claims a free
 core by taking an exclusive ``flock`` on a per-core lock file, which the OS releases when the
