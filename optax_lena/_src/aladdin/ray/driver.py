@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optax_lena._src.aladdin import algorithms
-from optax_lena._src.aladdin.ray import bootstrap, channel, schedulers
+from optax_lena._src.aladdin.ray import bootstrap, channel, schedulers, shard_checkpoints
 from optax_lena._src.aladdin.ray.config import ClusterLostError, Config, RunResult, Task
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.progress import Progress
@@ -66,6 +66,8 @@ class Runtime:
     self.run_name = channel.run_name()  # the workers' shared-memory rings are named after it
     self.rings_removed: dict[str, list[str]] = {}  # by other nodes' ids, at shutdown
     channel.sweep_stale()  # a killed earlier run's, on this node (its workers sweep theirs)
+    if config.checkpoint_dir is not None:  # before any actor: one step for every shard
+      shard_checkpoints.agree(config.checkpoint_dir, config.ps_shards)
     self._closed = False
     self.signals = StopSignals()
     try:

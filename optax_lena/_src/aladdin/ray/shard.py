@@ -1,7 +1,8 @@
 """A parameter-server shard: the algorithm's server on one flat slice of the global model.
 
 One receive entry for every algorithm (:meth:`ServerShard.receive`); Orbax checkpoints every
-``checkpoint_every`` global updates, restored when Ray restarts the actor.
+``checkpoint_every`` global updates, each sealed by a digest (``shard_checkpoints``), restored
+when Ray restarts the actor.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from optax_lena._src.aladdin.ray import channel
+from optax_lena._src.aladdin.ray import channel, shard_checkpoints
 from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.server import folded_receive
 
@@ -144,25 +145,22 @@ class ServerShard:
     path = os.path.join(os.path.abspath(str(self.config.checkpoint_dir)), f"shard_{self.shard}")
     options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(path, options=options)
-    step = self._manager.latest_step()
-    if step is not None:
-      target = {"state": self.state, "updates": np.asarray(0, np.int64)}
-      target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-      payload = self._manager.restore(step, args=ocp.args.StandardRestore(target))
+    target = {"state": self.state, "updates": np.asarray(0, np.int64)}
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    checkpoint_dir = str(self.config.checkpoint_dir)
+    payload = shard_checkpoints.restore(self._manager, checkpoint_dir, self.shard, target)
+    if payload is not None:
       self.state = _own(payload["state"])
       self.counts["global_updates"] = self.restored_updates = int(payload["updates"])
 
   def checkpoint(self) -> int:
     """Saves the state now (also called by the driver on a clean stop); returns its step."""
-    import orbax.checkpoint as ocp
-
     if self._manager is None:
       return -1
     updates = self.counts["global_updates"]
     if self._manager.latest_step() != updates:
       payload = {"state": self.state, "updates": np.asarray(updates, np.int64)}
-      self._manager.save(updates, args=ocp.args.StandardSave(payload))
-      self._manager.wait_until_finished()
+      shard_checkpoints.save(self._manager, updates, payload)
       self.num_checkpoints += 1
     self.since_checkpoint = 0
     return updates
