@@ -39,6 +39,7 @@ from optax_lena._src.aladdin.ray.config import (
 )
 from optax_lena._src.aladdin.ray.driver import Runtime
 from optax_lena._src.aladdin.ray.iterations import Iteration, runs  # importing attaches Ray's
+from optax_lena._src.aladdin.ray.shard_checkpoints import CheckpointError
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
@@ -47,6 +48,7 @@ ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
 
 __all__ = [
   "ALGORITHMS",
+  "CheckpointError",
   "ClusterLostError",
   "Config",
   "Interrupted",
