@@ -23,7 +23,7 @@ over its examples. Each arm is compared with ``small`` seed by seed
 
 Usage::
 
-  python -m benchmarks.batch_ramp.study                 # the study (about 15 min on 2 cores)
+  python -m benchmarks.batch_ramp.study                 # the study (RESULTS.md: its duration)
   python -m benchmarks.batch_ramp.study --quick --out /tmp/ramp   # seconds: the smoke test's
   python -m benchmarks.batch_ramp.study --report_only   # table and plots from summary.json
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -60,8 +61,8 @@ class Setup:
   step_fractions: tuple[float, ...] = (0.25, 0.5, 0.75)  # 'steps': S doubles at these
   noise_every: int = 50  # 'noise': updates between readings of B_crit
   seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-  # Validation accuracy; set from a pilot run of 'small' on seed 100 (outside `seeds`), whose
-  # final validation accuracy was 0.942: two points below it.
+  # A validation accuracy, fixed before the study from a pilot run of 'small' on seed 100
+  # (outside `seeds`): about two points below its final one (RESULTS.md gives the pilot).
   target: float = 0.92
   mnist1d_samples: int = 10_000
   per_worker_batch: int = 0  # 0: the configuration's
@@ -245,10 +246,21 @@ def train_run(setup: Setup, run: Run) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
+def steady_seconds_per_sample(run: dict[str, Any]) -> float:
+  """The median over epochs (but the first) of the wall time per example: without the
+  compilations, which fall in the first epoch and in the epochs where a ramp meets a new S."""
+  c = run["evals"]
+  return statistics.median(
+    (c[i][4] - c[i - 1][4]) / (c[i][1] - c[i - 1][1]) for i in range(1, len(c))
+  )
+
+
 def by_seed(result: dict[str, Any], arm: str, key: str) -> dict[int, float]:
-  """seed -> ``key`` of the arm's runs (those where it is not None)."""
+  """seed -> ``key`` of the arm's runs (those where it is not None); the key
+  ``steady_seconds_per_sample`` is :func:`steady_seconds_per_sample`."""
+  get = lambda r: steady_seconds_per_sample(r) if key == "steady_seconds_per_sample" else r[key]
   return {
-    r["seed"]: r[key] for r in result["runs"].values() if r["arm"] == arm and r.get(key) is not None
+    r["seed"]: get(r) for r in result["runs"].values() if r["arm"] == arm and get(r) is not None
   }
 
 
@@ -268,7 +280,8 @@ def comparisons(result: dict[str, Any]) -> dict[str, dict[str, Paired | None]]:
     return paired_by_seed(a, b) if set(a) & set(b) else None
 
   acc = lambda arm: by_seed(result, arm, "test_accuracy")
-  per_sample = lambda arm: by_seed(result, arm, "seconds_per_sample")
+  per_sample = lambda arm, key="seconds_per_sample": by_seed(result, arm, key)
+  steady = "steady_seconds_per_sample"
   return {
     arm: {
       "test_accuracy": pair(acc(arm), acc("small")),
@@ -276,6 +289,7 @@ def comparisons(result: dict[str, Any]) -> dict[str, dict[str, Paired | None]]:
       "updates_saved": pair(reduction(result, arm, "updates")),
       "target_updates_saved": pair(reduction(result, arm, "updates_to_target")),
       "seconds_per_sample": pair(per_sample(arm), per_sample("small")),
+      steady: pair(per_sample(arm, steady), per_sample("small", steady)),
     }
     for arm in ARMS[1:]
   }
@@ -307,6 +321,7 @@ def tables(result: dict[str, Any]) -> str:
     "test acc",
     f"updates to {setup['target']:.2f} (validation)",
     "µs per sample",
+    "µs per sample, median epoch",
   ]
   rows = []
   for arm in ARMS:
@@ -325,6 +340,7 @@ def tables(result: dict[str, Any]) -> str:
         harness.mean_std([r["test_accuracy"] for r in mine]),
         harness.mean_std_reached(hits, len(mine)),
         harness.mean_std([1e6 * r["seconds_per_sample"] for r in mine], ".1f"),
+        harness.mean_std([1e6 * steady_seconds_per_sample(r) for r in mine], ".1f"),
       ]
     )
   per_arm = harness.markdown_table(header, rows)
@@ -337,6 +353,7 @@ def tables(result: dict[str, Any]) -> str:
       _cell(c["updates_saved"], 1, 100),
       _cell(c["target_updates_saved"], 1, 100),
       _cell(c["seconds_per_sample"], 2, 1e6),
+      _cell(c["steady_seconds_per_sample"], 2, 1e6),
     ]
     for arm, c in comp.items()
   ]
@@ -348,6 +365,7 @@ def tables(result: dict[str, Any]) -> str:
       "updates saved vs small (%)",
       "updates to target saved vs small (%)",
       "µs per sample - small",
+      "µs per sample, median epoch - small",
     ],
     paired_rows,
   )
@@ -399,7 +417,7 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for arm in present:
     updates, _, acc = mean_curves(result, arm)
-    ax.plot(updates, acc, marker=".", label=arm)
+    ax.plot(updates, acc, marker=".", label=arm, color=f"C{ARMS.index(arm)}")
   ax.axhline(target, color="gray", ls=":", lw=1, label=f"target {target:.2f}")
   ax.set(xscale="log", xlabel="updates", ylabel="validation accuracy (mean over seeds)")
   ax.set(title="Equal examples: accuracy against updates")
@@ -410,10 +428,11 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
   paths = [analysis.save_figure(fig, out / "accuracy_vs_updates.png", dpi=110)]
 
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  for i, arm in enumerate(present):
+  for arm in present:
+    i = ARMS.index(arm)
     for j, r in enumerate(r for r in result["runs"].values() if r["arm"] == arm):
       epochs = [0.0] + [c[1] / r["num_train"] for c in r["evals"]]
-      sizes = [r["evals"][0][2]] + [c[2] for c in r["evals"]]
+      sizes = [r["first_num_samples"]] + [c[2] for c in r["evals"]]
       ax.step(epochs, sizes, where="pre", color=f"C{i}", alpha=0.6, label=arm if j == 0 else None)
   ax.set(yscale="log", xlabel="epoch", ylabel="S (per-worker batches per update)")
   ax.set(title="S at each evaluation (every seed)")
@@ -437,6 +456,7 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
         xerr=[[(p.mean - p.low) * scale], [(p.high - p.mean) * scale]],
         fmt="o",
         capsize=3,
+        color=f"C{ARMS.index(arm)}",  # the arm's colour in the other plots
       )
     ax.axvline(-1.0 if key == "test_accuracy" else 40.0, color="gray", ls=":", lw=1)
     ax.axvline(0.0, color="k", lw=0.5)
@@ -462,7 +482,7 @@ def report(result: dict[str, Any], out: Path) -> str:
 
 def setup_of(record: dict[str, Any]) -> Setup:
   """The ``Setup`` of a summary's ``setup`` field (JSON lists back to tuples)."""
-  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
+  fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
   return Setup(**fields)
 
 
