@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -364,6 +365,7 @@ def table(result: dict[str, Any]) -> str:
     "estimate (state)",
     "B_simple fresh",
     "state within 2x: fit / Zhang",
+    "fresh within 2x: fit / Zhang",
   ]
   rows = [
     [
@@ -377,6 +379,8 @@ def table(result: dict[str, Any]) -> str:
       _fmt(r["estimate"]),
       _fmt(r["estimate_fresh"]),
       f"{within_2x(r['estimate'], r['b_crit'])} / {within_2x(r['estimate'], r['zhang'])}",
+      f"{within_2x(r['estimate_fresh'], r['b_crit'])} / "
+      f"{within_2x(r['estimate_fresh'], r['zhang'])}",
     ]
     for r in result["rows"]
   ]
@@ -421,12 +425,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     help="cnn: adascale (default), lena; attention: lena_adamw (default), adascale_adamw",
   )
   parser.add_argument("--quick", action="store_true", help="the smoke test's sizes")
+  parser.add_argument(
+    "--report_only", action="store_true", help="rebuild every table and plot from --out's JSON"
+  )
   args = parser.parse_args(argv)
+  out = Path(args.out)
+  if args.report_only:
+    for path in sorted(out.glob("critical_batch_*.json")):
+      result = json.loads(path.read_text())
+      name = path.stem.removeprefix("critical_batch_")
+      harness.write_text(out / f"table_{name}.md", table(result) + "\n")
+      plot(result, path.with_suffix(".png"))
+    return
   setup = quick(model=args.model) if args.quick else Setup() if args.model == "cnn" else attention()
   if args.optimizer is not None:
     setup = dataclasses.replace(setup, optimizer=args.optimizer)
   result = measure(setup)
-  out = Path(args.out)
   result["machine"] = harness.machine_info()
   # The CNN's files keep their names: critical_batch_adascale.json, table_lena.md, ...
   name = setup.optimizer if setup.model == "cnn" else f"{setup.model}_{setup.optimizer}"

@@ -60,7 +60,7 @@ def test_a_tiny_measurement_reports(tmp_path, monkeypatch, model) -> None:
   assert len(row["layer_estimate"]) == len(row["layer_fresh"]) == len(result["layer_names"]) > 1
   assert json.dumps(result, allow_nan=True)
   text = measure.table(result)
-  assert text.count("\n") == 2 and "B_crit (fit)" in text
+  assert text.count("\n") == 2 and "B_crit (fit)" in text and "fresh within 2x" in text
   png = measure.plot(result, tmp_path / "plot.png")
   assert png.read_bytes()[:4] == b"\x89PNG"
 
