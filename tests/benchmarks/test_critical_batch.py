@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,3 +71,14 @@ def test_the_attention_model_takes_the_adamw_rules_only() -> None:
   setup = dataclasses.replace(measure.attention(), optimizer="lena")
   with pytest.raises(ValueError, match="lena_adamw"):
     measure.build(setup)
+
+
+def test_report_only_rebuilds_the_committed_tables(tmp_path) -> None:
+  committed = Path(measure.__file__).parent / "results"
+  for path in committed.glob("critical_batch_*.json"):
+    shutil.copy(path, tmp_path / path.name)
+  measure.main(["--report_only", "--out", str(tmp_path)])
+  tables = sorted(committed.glob("table_*.md"))
+  assert len(tables) == 4
+  for path in tables:
+    assert (tmp_path / path.name).read_text() == path.read_text(), path.name
