@@ -1,9 +1,12 @@
 """The critical batch measured with branched runs, beside the estimate in the optimizer state.
 
-A main run of the MNIST-1D CNN (momentum SGD with AdaScale or LENA, S_main per-worker gradients
-of ``per_worker_batch`` examples) stops at a few checkpoints (early, middle, late). From each,
-short runs branch at several S (the state carried over: parameters, momentum and the rule's
-moving averages; the rule's own rate at each S), and each measures the updates needed to lower
+A main run (S_main per-worker gradients of ``per_worker_batch`` examples) stops at a few
+checkpoints (early, middle, late): of the MNIST-1D CNN with momentum SGD (``ol.adascale`` or
+``ol.lena``), or of the attention model of ``benchmarks/adamw_scaling`` with AdamW
+(``ol.adascale_adamw`` or ``ol.lena_adamw``, rate times the ratio to the power ``power``). From
+each, short runs branch at several S (the state carried over: parameters, momentum or Adam's
+moments, and the rule's moving averages; the rule's own rate at each S), and each measures the
+updates needed to lower
 the training loss (on a fixed subset) by a fixed fraction, interpolated between evaluations and
 the median over seeds. Then:
 
@@ -20,6 +23,7 @@ the median over seeds. Then:
 All batch sizes are in per-worker batches (multiply by ``per_worker_batch`` for examples).
 
   python -m benchmarks.critical_batch.measure --out benchmarks/critical_batch/results
+  python -m benchmarks.critical_batch.measure --model attention --optimizer lena_adamw
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -44,9 +49,11 @@ PyTree = Any
 class Setup:
   """One measurement's sizes (``quick()``: the smoke test's)."""
 
-  optimizer: str = "adascale"  # 'adascale' or 'lena' (momentum SGD)
+  model: str = "cnn"  # 'cnn' (momentum SGD rules) or 'attention' (AdamW rules)
+  optimizer: str = "adascale"  # a key of OPTIMIZERS[model]
   learning_rate: float = 0.02  # eta0 of one per-worker batch; the rule scales it by its ratio
-  momentum: float = 0.9
+  momentum: float = 0.9  # the CNN's; AdamW keeps the library's b1, b2
+  power: float = 0.5  # the AdamW rules' exponent of the ratio (the library's default)
   per_worker_batch: int = 16
   features: int = 32
   num_samples_main: int = 4  # S of the main run
@@ -61,9 +68,36 @@ class Setup:
   cache_dir: str = "data_cache"
 
 
-def quick(cache_dir: str = "data_cache") -> Setup:
-  """A seconds-long setup for the smoke test."""
+OPTIMIZERS = {"cnn": ("adascale", "lena"), "attention": ("adascale_adamw", "lena_adamw")}
+
+
+def attention(optimizer: str = "lena_adamw") -> Setup:
+  """The attention model's measurement (RESULTS.md gives its duration).
+
+  As in ``benchmarks/adamw_scaling``: per-worker batch 8, weight decay 1e-4 on kernels, main run
+  at S = 8. The rate is that study's tuned 1e-2 at batch 64 brought to one per-worker batch of 8
+  by the square-root rule, so that branches down to S = 1 need no reference batch above theirs.
+  """
   return Setup(
+    model="attention",
+    optimizer=optimizer,
+    learning_rate=1e-2 / math.sqrt(8),
+    per_worker_batch=8,
+    num_samples_main=8,
+    checkpoints=(20, 100, 300, 1000),
+    scales=(1, 2, 4, 8, 16, 32, 64),
+    seeds=(0, 1, 2, 3, 4, 5, 6, 7),
+    decrease=0.1,
+    max_updates=1000,  # the small S need many updates late in training (Adam at a low rate)
+    eval_examples=2048,
+  )
+
+
+def quick(cache_dir: str = "data_cache", model: str = "cnn") -> Setup:
+  """A seconds-long setup for the smoke test (of the CNN or of the attention model)."""
+  base = Setup() if model == "cnn" else attention()
+  return dataclasses.replace(
+    base,
     features=8,
     per_worker_batch=8,
     checkpoints=(5, 15, 30),
@@ -143,25 +177,51 @@ def crossing(evals: Sequence[tuple[int, float]], target: float) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
+def build(setup: Setup) -> tuple[dict[str, np.ndarray], Any, Any]:
+  """The data, the model (Flax) and the optimizer of ``setup``.
+
+  The base rate is constant: the branches isolate the batch, not the schedule.
+  """
+  import optax_lena as ol
+
+  if setup.optimizer not in OPTIMIZERS[setup.model]:
+    raise ValueError(f"--optimizer for {setup.model}: one of {OPTIMIZERS[setup.model]}")
+  if setup.model == "cnn":
+    from examples import input_pipeline, models
+
+    data = input_pipeline.load_mnist1d(setup.cache_dir, num_samples=setup.mnist1d_samples)
+    sgd = {"adascale": ol.adascale, "lena": ol.lena}[setup.optimizer]
+    cnn = models.create_model("cnn1d", 10, features=setup.features)
+    return data, cnn, sgd(setup.learning_rate, momentum=setup.momentum)
+  from benchmarks.adamw_scaling import model as attention_model
+  from benchmarks.adamw_scaling import train as adamw_train
+
+  data = adamw_train.load_data(setup.mnist1d_samples, setup.cache_dir)
+  adamw = {"adascale_adamw": ol.adascale_adamw, "lena_adamw": ol.lena_adamw}[setup.optimizer]
+  tx = adamw(
+    setup.learning_rate,
+    weight_decay=adamw_train.WEIGHT_DECAY,
+    weight_decay_mask=attention_model.decay_mask,
+    power=setup.power,
+  )
+  return data, attention_model.PatchTransformer(), tx
+
+
 class Trainer:
-  """The CNN, its data, its optimizer and the compiled step (one program per S)."""
+  """The model, its data, its optimizer and the compiled step (one program per S)."""
 
   def __init__(self, setup: Setup):
     import jax
     import jax.numpy as jnp
 
     import optax_lena as ol
-    from examples import input_pipeline, losses, models
+    from examples import losses
 
     self.setup = setup
-    data = input_pipeline.load_mnist1d(setup.cache_dir, num_samples=setup.mnist1d_samples)
+    data, self.model, self.tx = build(setup)
     self.x, self.y = data["x_train"], data["y_train"]
     self.eval_x = jnp.asarray(self.x[: setup.eval_examples])
     self.eval_y = jnp.asarray(self.y[: setup.eval_examples])
-    self.model = models.create_model("cnn1d", 10, features=setup.features)
-    alias = {"adascale": ol.adascale, "lena": ol.lena}[setup.optimizer]
-    # Constant base rate: the branches isolate the batch, not the schedule.
-    self.tx = alias(setup.learning_rate, momentum=setup.momentum)
     model, tx = self.model, self.tx
 
     def loss(params: PyTree, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -181,12 +241,24 @@ class Trainer:
       bot = jnp.sum(jnp.stack(jax.tree.leaves(stats.mean_grad_sq_norm)))
       return ol.noise_scale(top, bot, jnp.asarray(xb.shape[0]))
 
+    def fresh_layer_noise_scales(params: PyTree, xb: jax.Array, yb: jax.Array) -> jax.Array:
+      grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, xb, yb)
+      _, stats = ol.stacked_grad_stats(grads)
+      top, bot = jax.tree.leaves(stats.sq_norm_mean), jax.tree.leaves(stats.mean_grad_sq_norm)
+      return ol.noise_scale(jnp.stack(top), jnp.stack(bot), jnp.asarray(xb.shape[0]))
+
     self.step = jax.jit(step)  # retraced (compiled) once per S, the shape of xb
     self.eval_loss = jax.jit(functools.partial(loss, x=self.eval_x, y=self.eval_y))
     self.fresh = jax.jit(fresh_noise_scale)
+    # A program of its own, so that the global fresh estimate's program stays as it was.
+    self.fresh_layers = jax.jit(fresh_layer_noise_scales)
     self.diagnostics = jax.jit(ol.diagnostics)
     params = self.model.init(jax.random.key(0), self.eval_x[:1])["params"]
     self.init_state = (params, tx.init(params))
+    # In jax.tree.leaves order, that of the state's per-layer statistics.
+    self.layer_names = [
+      jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
 
   def batch(self, rng: np.random.Generator, s: int) -> tuple[Any, Any]:
     idx = rng.integers(0, len(self.y), size=(s, self.setup.per_worker_batch))
@@ -223,7 +295,9 @@ def measure(setup: Setup) -> dict[str, Any]:
     loss0 = trainer.loss_of(state[0])
     target = loss0 * (1.0 - setup.decrease)
     fresh_rng = np.random.default_rng([99, checkpoint])
-    fresh = float(trainer.fresh(state[0], *trainer.batch(fresh_rng, setup.fresh_workers)))
+    fresh_batch = trainer.batch(fresh_rng, setup.fresh_workers)
+    fresh = float(trainer.fresh(state[0], *fresh_batch))
+    layer_fresh = np.asarray(trainer.fresh_layers(state[0], *fresh_batch), np.float64)
     per_seed = [
       [trainer.branch(state, s, target, seed) for s in setup.scales] for seed in setup.seeds
     ]
@@ -243,6 +317,9 @@ def measure(setup: Setup) -> dict[str, Any]:
         "estimate": float(diag["critical_batch_size"]),
         "estimate_fresh": fresh,
         "gain_ratio": float(diag["global_ratio"]),
+        # Per layer (result["layer_names"]): B_simple of the state's averages and fresh.
+        "layer_estimate": np.asarray(diag["noise_scale"], np.float64).tolist(),
+        "layer_fresh": layer_fresh.tolist(),
       }
     )
     print(
@@ -251,7 +328,12 @@ def measure(setup: Setup) -> dict[str, Any]:
       f"{rows[-1]['zhang']:.2f}, estimate {rows[-1]['estimate']:.2f}, fresh {fresh:.2f}",
       flush=True,
     )
-  return {"setup": dataclasses.asdict(setup), "rows": rows, "seconds": time.perf_counter() - t0}
+  return {
+    "setup": dataclasses.asdict(setup),
+    "layer_names": trainer.layer_names,
+    "rows": rows,
+    "seconds": time.perf_counter() - t0,
+  }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,6 +365,7 @@ def table(result: dict[str, Any]) -> str:
     "estimate (state)",
     "B_simple fresh",
     "state within 2x: fit / Zhang",
+    "fresh within 2x: fit / Zhang",
   ]
   rows = [
     [
@@ -296,6 +379,8 @@ def table(result: dict[str, Any]) -> str:
       _fmt(r["estimate"]),
       _fmt(r["estimate_fresh"]),
       f"{within_2x(r['estimate'], r['b_crit'])} / {within_2x(r['estimate'], r['zhang'])}",
+      f"{within_2x(r['estimate_fresh'], r['b_crit'])} / "
+      f"{within_2x(r['estimate_fresh'], r['zhang'])}",
     ]
     for r in result["rows"]
   ]
@@ -334,17 +419,34 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="benchmarks/critical_batch/results")
-  parser.add_argument("--optimizer", default="adascale", choices=("adascale", "lena"))
+  parser.add_argument("--model", default="cnn", choices=tuple(OPTIMIZERS))
+  parser.add_argument(
+    "--optimizer",
+    help="cnn: adascale (default), lena; attention: lena_adamw (default), adascale_adamw",
+  )
   parser.add_argument("--quick", action="store_true", help="the smoke test's sizes")
+  parser.add_argument(
+    "--report_only", action="store_true", help="rebuild every table and plot from --out's JSON"
+  )
   args = parser.parse_args(argv)
-  setup = quick() if args.quick else Setup()
-  setup = dataclasses.replace(setup, optimizer=args.optimizer)
-  result = measure(setup)
   out = Path(args.out)
+  if args.report_only:
+    for path in sorted(out.glob("critical_batch_*.json")):
+      result = json.loads(path.read_text())
+      name = path.stem.removeprefix("critical_batch_")
+      harness.write_text(out / f"table_{name}.md", table(result) + "\n")
+      plot(result, path.with_suffix(".png"))
+    return
+  setup = quick(model=args.model) if args.quick else Setup() if args.model == "cnn" else attention()
+  if args.optimizer is not None:
+    setup = dataclasses.replace(setup, optimizer=args.optimizer)
+  result = measure(setup)
   result["machine"] = harness.machine_info()
-  harness.write_json(out / f"critical_batch_{setup.optimizer}.json", result)
-  harness.write_text(out / f"table_{setup.optimizer}.md", table(result) + "\n")
-  plot(result, out / f"critical_batch_{setup.optimizer}.png")
+  # The CNN's files keep their names: critical_batch_adascale.json, table_lena.md, ...
+  name = setup.optimizer if setup.model == "cnn" else f"{setup.model}_{setup.optimizer}"
+  harness.write_json(out / f"critical_batch_{name}.json", result)
+  harness.write_text(out / f"table_{name}.md", table(result) + "\n")
+  plot(result, out / f"critical_batch_{name}.png")
   print(table(result))
 
 

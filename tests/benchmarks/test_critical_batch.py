@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,17 +47,38 @@ def test_crossing_interpolates_between_evaluations() -> None:
   assert math.isnan(measure.crossing([(1, 1.0), (2, 0.9)], 0.8))
 
 
-def test_a_tiny_measurement_reports(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("model", ["cnn", "attention"])
+def test_a_tiny_measurement_reports(tmp_path, monkeypatch, model) -> None:
   monkeypatch.chdir(tmp_path)  # the MNIST-1D cache goes to ./data_cache
   setup = dataclasses.replace(
-    measure.quick(), checkpoints=(4,), scales=(1, 2), num_samples_main=2, max_updates=6
+    measure.quick(model=model), checkpoints=(4,), scales=(1, 2), num_samples_main=2, max_updates=6
   )
+  assert setup.optimizer in measure.OPTIMIZERS[model]
   result = measure.measure(setup)
+  assert result["setup"]["model"] == model
   (row,) = result["rows"]
   assert row["checkpoint"] == 4 and row["target"] < row["train_loss"]
   assert len(row["updates"]) == len(setup.scales) and row["estimate_fresh"] > 0
+  assert len(row["layer_estimate"]) == len(row["layer_fresh"]) == len(result["layer_names"]) > 1
   assert json.dumps(result, allow_nan=True)
   text = measure.table(result)
-  assert text.count("\n") == 2 and "B_crit (fit)" in text
+  assert text.count("\n") == 2 and "B_crit (fit)" in text and "fresh within 2x" in text
   png = measure.plot(result, tmp_path / "plot.png")
   assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_attention_model_takes_the_adamw_rules_only() -> None:
+  setup = dataclasses.replace(measure.attention(), optimizer="lena")
+  with pytest.raises(ValueError, match="lena_adamw"):
+    measure.build(setup)
+
+
+def test_report_only_rebuilds_the_committed_tables(tmp_path) -> None:
+  committed = Path(measure.__file__).parent / "results"
+  for path in committed.glob("critical_batch_*.json"):
+    shutil.copy(path, tmp_path / path.name)
+  measure.main(["--report_only", "--out", str(tmp_path)])
+  tables = sorted(committed.glob("table_*.md"))
+  assert len(tables) == 4
+  for path in tables:
+    assert (tmp_path / path.name).read_text() == path.read_text(), path.name
