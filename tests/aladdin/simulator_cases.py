@@ -3,10 +3,10 @@
 ``python -m tests.aladdin.simulator_cases`` recomputes every case and rewrites
 ``data/simulator_golden.json`` (only ever done on a simulator known to be right: the file is the
 record that a refactoring changed no event and no number). ``test_simulator_golden.py`` compares
-a fresh run of every case with the record: exactly when jax and jaxlib are the versions the record
-was made with (``recorded_with``); under other versions XLA may round a float differently, so
-there the counts, times and event digests must still be equal and the trained numbers equal to
-float32 rounding accumulated over the run.
+a fresh run of every case with the record: exactly when jax, jaxlib and the CPU's vector
+instructions are those the record was made with (``_recorded_with``); otherwise XLA may round a
+float differently, so there the counts, times and event digests must still be equal and the
+trained numbers equal to float32 rounding accumulated over the run.
 
 The cases: the timing-only runs of the simulator tests (hand-checked clusters, shards, shared
 NICs, send buffers, jitter, the paper's cluster) and one fixed-seed training run of every
@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import pathlib
+import platform
 from typing import Any
 
 import jax
@@ -232,9 +233,21 @@ VERSIONS_KEY = "_recorded_with"
 
 
 def versions() -> dict[str, str]:
+  """What a float32 run's last bits depend on besides the code: the XLA build and the vector
+  instructions XLA's CPU backend compiles for (it targets the host's)."""
   import jaxlib
 
-  return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+  return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "cpu_isa": _cpu_isa()}
+
+
+def _cpu_isa() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+  except OSError:
+    flags = []
+  vector = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+  return ",".join(vector) or platform.machine()
 
 
 def record() -> dict[str, Any]:
