@@ -1,11 +1,6 @@
 """The wire format: a model, gradient or update as ONE contiguous 1-D buffer, cut into exactly
-``num_shards`` slices of (nearly) equal size, one per parameter-server shard.
-
-One buffer per message instead of one object per leaf: Ray serialises one array per call, and
-the server's functions run on one flat array (one fused pass, whatever the number of leaves).
-Cutting the buffer into equal slices is the paper's memory-wise sharding (Section 3.3) with the
-shard size ``ceil(bytes / num_shards)``: a leaf larger than a slice is split across shards, and
-the number of shards is exactly the one asked for.
+``num_shards`` slices of (nearly) equal size, one per parameter-server shard (the paper's
+memory-wise sharding; ``docs/ALADDIN-ray.md``, "The wire format").
 """
 
 from __future__ import annotations

@@ -153,12 +153,13 @@ class WorkerActor:
 
   # -- what the driver calls ------------------------------------------------------------------
 
-  def _counted(self, stats: dict[str, float]) -> dict[str, float]:
-    """One iteration's statistics, counted unless it was skipped."""
-    if not stats.pop("skipped", 0.0):
+  def _count(self, stats: dict[str, Any], one: dict[str, float]) -> None:
+    """Adds one iteration's statistics to the chunk's (its iteration unless it was skipped)."""
+    if not one.pop("skipped", 0.0):
       self.local.iteration += 1
-      stats["iterations"] = 1
-    return stats
+      one["iterations"] = 1
+    for key, value in one.items():
+      stats[key] += value
 
   def run(
     self,
@@ -178,11 +179,9 @@ class WorkerActor:
       or (max_seconds is not None and time.perf_counter() - start >= max_seconds)
       or (max_iterations is not None and stats["iterations"] >= max_iterations)
     ):
-      for key, value in self._counted(self.algorithm.iterate(sync, deadline)).items():
-        stats[key] += value
+      self._count(stats, self.algorithm.iterate(sync, deadline))
     while (last := self.algorithm.finish()) is not None:  # a chunk leaves no step in flight
-      for key, value in self._counted(last).items():
-        stats[key] += value
+      self._count(stats, last)
     stats["busy_s"] = time.perf_counter() - start
     for key in TOTALS:
       self.totals[key] += stats[key]

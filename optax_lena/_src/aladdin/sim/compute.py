@@ -1,11 +1,6 @@
-"""What the simulated workers and servers compute.
-
-:class:`Compute` is the timing-only mode: every computation does nothing and returns None (the
-messages carry sizes only). :class:`Training` owns the jitted pieces of one algorithm on one
-problem for ``n`` workers: the spec's worker program (``spec.program``, the one the Ray runtime
-runs too) and its server, compiled once for as long as the
-:class:`~optax_lena._src.aladdin.sim.simulator.Simulator` that made it lives; it holds the run's
-state (the server's, and each worker's program state in its record).
+"""What the simulated workers and servers compute: nothing in the timing-only mode
+(:class:`Compute`), or the spec's worker program and server on a problem (:class:`Training`,
+compiled once for as long as its simulator lives).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The simulator's event engine, its per-worker record and the base of every algorithm's process.
-
-Everything here is timing: when a worker computes, when a message leaves, crosses the wire and
-is received, when a parameter-server (PS) shard is free. What the computations do is the
-business of the process's compute object (:mod:`optax_lena._src.aladdin.sim.compute`), which in
-the timing-only mode does nothing.
+"""The simulator's event engine, its per-worker record and the base of every algorithm's process:
+timing only (what is computed is the compute object's, :mod:`.compute`).
 """
 
 from __future__ import annotations
@@ -59,12 +55,9 @@ class Engine:
   def send(
     self, src: int, dst: int, nbytes: float, on_arrival: Callable[..., None], *args: Any
   ) -> float:
-    """A message from NIC ``src`` to NIC ``dst``: uplink now (FIFO), wire latency, downlink
-    FIFO in the order the messages reach the receiver; ``on_arrival(*args)`` at the end.
-    Returns the time the message has left the sender's uplink.
-
-    Two endpoints on one machine (a worker and a co-located PS shard) exchange messages through
-    memory: no NIC, no latency, arrival now."""
+    """A message from NIC ``src`` to NIC ``dst`` (uplink FIFO, wire latency, downlink in arrival
+    order; the same NIC: through memory, now); ``on_arrival(*args)`` at the end. Returns when
+    it has left the sender's uplink."""
     if src == dst:
       self.at(self.now, on_arrival, *args)
       return self.now
