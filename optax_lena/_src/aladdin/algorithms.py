@@ -279,11 +279,7 @@ class Easgd(Symmetric):
   def __post_init__(self) -> None:
     super().__post_init__()
     checks.check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
-    if self.beta is not None and (isinstance(self.beta, bool) or not 0.0 < float(self.beta) <= 1.0):
-      raise ValueError(
-        f"beta must be None (0.9 / n, the paper's) or in (0, 1] (the elastic moving rate), got "
-        f"{self.beta!r}."
-      )
+    checks.check_beta(self.beta, optional=True)
 
   @property
   def exchange_every(self) -> int:
@@ -363,11 +359,6 @@ class PushSumState(NamedTuple):
   numerator: Any
   weight: Any
   opt_state: Any
-
-
-# ----------------------------------------------------------------------------------------------
-# The registry: the one table from a name to its algorithm
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass

@@ -25,9 +25,6 @@ def _compute_dtype(dtype: Any) -> Any:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-# ----------------------------------------------------------------------------------- AR-SGD
-
-
 def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> PyTree:
   """AR-SGD's all-reduce: the mean of the n workers' gradients of one iteration, on which every
   worker then takes the same ``tx`` step (``jax.lax.pmean`` inside ``pmap``/``shard_map``).
@@ -59,9 +56,6 @@ def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> P
         f"{structure}: every worker must send the gradient of the same parameter pytree."
       )
   return jax.tree.map(lambda *xs: mean(jnp.stack(xs)), *grads)
-
-
-# -------------------------------------------------------------------------------------- ASP
 
 
 class ASPState(NamedTuple):
@@ -131,9 +125,6 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
   return ASPServer(init_fn, receive_fn)
 
 
-# ------------------------------------------------------------------------------------ EASGD
-
-
 class EASGDState(NamedTuple):
   """State of :func:`easgd_server`: the center variable x~ and the number of exchanges."""
 
@@ -172,12 +163,8 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
   """
   num_workers = checks.check_num_workers(num_workers)
   checks.check_positive_int(tau, "tau", "local steps between exchanges")
-  if beta is None:
-    beta = 0.9 / num_workers
-  if isinstance(beta, bool) or not 0.0 < float(beta) <= 1.0:
-    raise ValueError(
-      f"beta must be in (0, 1] (the elastic moving rate; the paper uses 0.9 / n), got {beta!r}."
-    )
+  beta = 0.9 / num_workers if beta is None else beta
+  checks.check_beta(beta)
   beta = float(beta)
 
   def init_fn(params: PyTree) -> EASGDState:
@@ -207,9 +194,6 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     return state, adopt(new_local)
 
   return EASGDServer(init_fn, exchange_fn, num_workers, beta, tau, receive_fn)
-
-
-# -------------------------------------------------------------------------------------- SGP
 
 
 class SGPState(NamedTuple):

@@ -133,8 +133,6 @@ class Runtime:
       if waited > self.stall_timeout and not bootstrap.gcs_reachable():
         raise ClusterLostError("Lost the Ray cluster: its GCS does not accept connections.")
 
-  # -- context manager ----------------------------------------------------------------------
-
   def __enter__(self) -> Runtime:
     return self
 
@@ -170,8 +168,6 @@ class Runtime:
     self.signals.restore()
     self.signals.check()
 
-  # -- model access -------------------------------------------------------------------------
-
   def global_params(self, timeout: float | None = 60) -> PyTree:
     """The global model: the shards' x~ (ALADDIN, ASP, EASGD), worker 0's model (AR-SGD) or
     the average of the workers' de-biased models (SGP)."""
@@ -184,8 +180,6 @@ class Runtime:
   def worker_infos(self, timeout: float | None = 60) -> list[dict[str, Any]]:
     """Each worker's identity, totals, messages sent and devices."""
     return self._get([w.info.remote() for w in self.workers], timeout)
-
-  # -- running ------------------------------------------------------------------------------
 
   def _check(self, since_progress: float) -> None:
     self.signals.check()

@@ -44,21 +44,9 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
 
 @dataclasses.dataclass(eq=False)
 class Local:
-  """What an iteration runs on: the worker's program and its state, data and transport.
-
-  Attributes:
-    index: the worker's index.
-    program: the spec's worker program.
-    layout: the flat wire format.
-    state: the program's state.
-    batches: the worker's mini-batches.
-    transport: the outbox to the PS shards, :class:`ReducerLink` or :class:`MailboxLink`.
-    num_workers: n.
-    slowdown: the emulated straggler's factor (it sleeps ``slowdown - 1`` times its step).
-    iteration: iterations completed.
-    last_loss: the last step's loss (a device scalar).
-    merges: replies merged, models adopted or messages mixed so far.
-  """
+  """What an iteration runs on: the worker's program and its state, data and transport (the
+  outbox to the PS shards, :class:`ReducerLink` or :class:`MailboxLink`); ``slowdown``: the
+  emulated straggler's factor; ``merges``: replies merged, models adopted or messages mixed."""
 
   index: int
   program: Any

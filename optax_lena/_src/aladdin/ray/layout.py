@@ -42,8 +42,6 @@ class FlatLayout:
     self.bounds = [round(k * self.size / num_shards) for k in range(num_shards + 1)]
     self.shard_sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False)]
 
-  # -- inside jit (jax.numpy) ---------------------------------------------------------------
-
   def ravel(self, tree: PyTree, xp: Any = None) -> Any:
     """The tree as one vector of ``self.dtype`` (traceable; ``xp=np``: in NumPy, on the host)."""
     import jax
@@ -73,8 +71,6 @@ class FlatLayout:
     if self.num_shards == 1:
       return per_shard[0]
     return jnp.repeat(per_shard, np.asarray(self.shard_sizes), total_repeat_length=self.size)
-
-  # -- on the host (numpy) ------------------------------------------------------------------
 
   def to_vector(self, tree: PyTree) -> np.ndarray:
     """:meth:`ravel` in NumPy (the driver's and the restarts' copy of a model)."""

@@ -23,7 +23,7 @@ class Outbox:
   Args:
     worker: the sender's index.
     shards: the shard actors.
-    layout: the flat layout (the shards' slices).
+    layout: the flat layout.
     max_inflight: unanswered calls before messages are folded instead of sent.
     max_fold: messages in one call; a worker that has this many queued behind
       ``max_inflight`` unanswered calls waits (back-pressure).

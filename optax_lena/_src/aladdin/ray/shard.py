@@ -132,8 +132,6 @@ class ServerShard:
     self.counts["received"] += count
     self.counts["rejected_malformed"] += count
 
-  # -- checkpoints --------------------------------------------------------------------------
-
   def _open_checkpoints(self) -> None:
     import jax
     import orbax.checkpoint as ocp
@@ -160,8 +158,6 @@ class ServerShard:
       self.num_checkpoints += 1
     self.since_checkpoint = 0
     return updates
-
-  # -- inspection ---------------------------------------------------------------------------
 
   def params(self) -> tuple[np.ndarray, int]:
     """The global slice x~ and the number of global updates so far."""

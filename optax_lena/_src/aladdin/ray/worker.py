@@ -151,8 +151,6 @@ class WorkerActor:
     vector = self.layout.join([p for p, _ in replies])
     return self.layout.to_tree(vector), min(n for _, n in replies)
 
-  # -- what the driver calls ------------------------------------------------------------------
-
   def _count(self, stats: dict[str, Any], one: dict[str, float]) -> None:
     """Adds one iteration's statistics to the chunk's (its iteration unless it was skipped)."""
     if not one.pop("skipped", 0.0):

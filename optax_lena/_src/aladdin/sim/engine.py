@@ -153,7 +153,6 @@ class Process:
     self.eval_every = (num_samples / num_evals) if num_samples and num_evals > 0 else math.inf
     self.next_eval = self.eval_every
 
-  # -- hooks of the algorithms --------------------------------------------------------------
   def start(self) -> None:
     """Schedules the first events (default: every worker starts computing)."""
     for worker in self.workers:
@@ -163,7 +162,6 @@ class Process:
     """``worker`` (a ``worker_type`` record) has finished computing an iteration."""
     raise NotImplementedError
 
-  # -- shared -------------------------------------------------------------------------------
   def compute_time(self, worker: SimWorker) -> float:
     base = self.cluster.compute_time[worker.index]
     if not self.cluster.jitter:
