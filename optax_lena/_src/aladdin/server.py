@@ -53,13 +53,10 @@ class Reply(NamedTuple):
   EASGD's), applied by the worker as ``worker_merge(x, reply.params, reply.alpha)``.
 
   Attributes:
-    ready: bool scalar, True when the worker should merge ``params`` into its local model with
-      weight ``alpha`` (Eq. 3, :func:`worker_merge`): for ALADDIN, when this message triggered a
-      global update; ASP and EASGD always answer (weight 1: the worker adopts ``params``).
-    params: the global model x~ after this message: the new x~ when ``ready``, else the current,
-      unchanged x~ (never stale or uninitialised memory; a real server would not send it).
-    alpha: float32 scalar, the merge weight alpha_i when ``ready``, else 0.0, so that
-      ``worker_merge(x, reply.params, reply.alpha)`` is the identity on a reply that is not ready.
+    ready: bool scalar: ALADDIN's message triggered a global update (ASP and EASGD: always).
+    params: x~ after this message (ALADDIN's: unchanged when not ``ready``).
+    alpha: float32 scalar, the merge weight when ``ready`` (ASP and EASGD: 1), else 0.0, so
+      that merging a reply that is not ready is the identity.
   """
 
   ready: jax.Array

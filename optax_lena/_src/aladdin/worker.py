@@ -150,18 +150,15 @@ class LocalState(NamedTuple):
 
 
 class WorkerProgram(NamedTuple):
-  """The worker side of one algorithm, pure and jittable (``spec.program(loss_fn, n)``).
-
-  Both engines run it: the simulator and the Ray runtime keep only the driving, timing and
-  transport, so that an algorithm's worker math is written once and both run the same steps.
+  """The worker side of one algorithm, pure and jittable (``spec.program(loss_fn, n)``), which
+  both engines run (they keep only the driving, timing and transport).
 
   Attributes:
     init: ``init(params) -> state``, the local state of a worker starting from ``params``.
     step: ``step(state, batch) -> (state, message, loss)``: one local iteration and what the
-      worker sends (ALADDIN: its update or gradient; ASP: its gradient; EASGD: its model;
-      AR-SGD: its gradient for the all-reduce; SGP: its push-sum half ``(numerator, weight)``).
+      worker sends.
     apply: ``apply(state, reply) -> state``: what comes back (a server's :class:`Reply`, merged
-      by Eq. 3; AR-SGD's mean gradient, stepped on; SGP's peer message, mixed).
+      by Eq. 3; AR-SGD's sum of the gradients, stepped on; SGP's peer message, mixed).
     params: ``params(state)``: the worker's model to evaluate (SGP: de-biased).
   """
 

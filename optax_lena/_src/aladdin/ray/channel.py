@@ -104,20 +104,10 @@ def _remove(path: str) -> None:
 
 
 class Ring:
-  """A worker's ring: ``regions`` regions of ``rows`` messages and ``reply_rows`` replies.
-
-  Args:
-    run: the run's name (:func:`run_name`), which the driver removes its rings by.
-    worker: the worker's index.
-    regions: calls in flight.
-    rows: messages one call carries at most.
-    reply_rows: replies one call brings at most.
-    size: the length of a message (the flat model).
-    dtype: its dtype.
-
-  Raises:
-    OSError: the ring does not fit in shared memory (see :func:`open_ring`).
-  """
+  """Worker ``worker``'s ring of run ``run`` (:func:`run_name`, which the driver removes its
+  rings by): ``regions`` regions (calls in flight) of ``rows`` messages and ``reply_rows``
+  replies of ``size`` elements of ``dtype``. Raises ``OSError`` where it does not fit in shared
+  memory (see :func:`open_ring`)."""
 
   def __init__(
     self, run: str, worker: int, regions: int, rows: int, reply_rows: int, size: int, dtype: Any

@@ -32,11 +32,8 @@ class Runtime:
   Args:
     task: what to train.
     config: how.
-    address: join this cluster (``"host:port"``); None starts a local one.
-    num_cpus: CPUs of a local node (None: all).
-    num_gpus: GPUs a local node advertises (None: those Ray detects).
-    resources: custom resources of a local node.
-    temp_dir: session directory root of a local node.
+    address, num_cpus, num_gpus, resources, temp_dir: the cluster to join or the local node to
+      start (:func:`~optax_lena._src.aladdin.ray.bootstrap.connect`).
     stall_timeout: seconds without any worker result before the cluster counts as lost.
   """
 

@@ -229,14 +229,15 @@ class Served(Iteration):
     local.state, flat, finite, local.last_loss = fn(local.state, batch, *merged)
     return flat, finite, t0
 
-  def step(self) -> tuple[np.ndarray, bool, float]:
-    """The next step, waited for; returns the message, its finiteness and the compute
-    seconds."""
+  def step(self) -> tuple[np.ndarray, bool, float, float]:
+    """The next step, waited for, then the straggler's sleep; returns the message, its
+    finiteness and the compute and sleep seconds."""
     flat, finite, t0 = self.dispatch()
     # One executable: its message on the host means every output is ready (no walk over the
     # state's leaves to block on each).
     message, finite = np.asarray(flat), bool(finite)
-    return message, finite, time.perf_counter() - t0
+    compute = time.perf_counter() - t0
+    return message, finite, compute, self.local.sleep_for(compute)
 
   def exchange(self, message: np.ndarray, finite: bool) -> float:
     """Sends the message, waits for the answer and keeps it; returns the seconds waited."""
@@ -271,9 +272,7 @@ class AladdinIteration(Served):
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     if sync or deadline is None or self.local.slowdown > 1.0:
-      message, finite, compute = self.step()
-      sleep = self.local.sleep_for(compute)
-      return self._send(message, finite, compute, sleep, sync)
+      return self._send(*self.step(), sync)
     while len(self.inflight) < STEPS_AHEAD:
       self.inflight.append(self.dispatch())
     return self._complete(ahead=True)
@@ -314,8 +313,7 @@ class ExchangeIteration(Served):
   ``spec.exchange_every``-th, send its message, wait for the answer and apply it."""
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    message, finite, compute = self.step()
-    sleep = self.local.sleep_for(compute)
+    message, finite, compute, sleep = self.step()
     exchange = (self.local.iteration + 1) % self.spec.exchange_every == 0
     return _stats(compute, sleep, self.exchange(message, finite) if exchange else 0.0)
 

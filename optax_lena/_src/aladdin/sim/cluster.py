@@ -178,16 +178,8 @@ PAPER_MODELS: dict[str, ModelSize] = {
 
 def calibrated_compute_time(model: ModelSize, paper_speedup: float, cluster: Cluster) -> float:
   """The compute time for which the ring all-reduce model gives the paper's AR-SGD HO
-  speed-up: ``n c / (c + t_ar) = s`` -> ``c = s t_ar / (n - s)``.
-
-  Args:
-    model: the model (its bytes set the all-reduce time).
-    paper_speedup: the paper's AR-SGD speed-up on the homogeneous cluster.
-    cluster: the cluster (n, bandwidth, latency).
-
-  Returns:
-    Seconds per iteration.
-  """
+  speed-up ``s`` (``paper_speedup``) on ``cluster``: ``n c / (c + t_ar) = s`` -> ``c = s t_ar /
+  (n - s)``, ``t_ar`` the all-reduce time of ``model``'s bytes (seconds per iteration)."""
   n = cluster.num_workers
   return paper_speedup * cluster.allreduce_time(model.nbytes) / (n - paper_speedup)
 

@@ -20,17 +20,9 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Problem:
-  """A training problem for the simulator (arrays on the host; batches drawn per worker).
-
-  Attributes:
-    params: the initial parameters (every worker and the PS start from them).
-    loss_fn: ``loss_fn(params, (x, y)) -> scalar`` (mean over the batch).
-    accuracy_fn: ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1].
-    x_train: training inputs.
-    y_train: training labels.
-    x_test: test inputs.
-    y_test: test labels.
-  """
+  """A training problem for the simulator (arrays on the host; batches drawn per worker):
+  ``params``, where every worker and the PS start; ``loss_fn(params, (x, y)) -> scalar`` (mean
+  over the batch); ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1]."""
 
   params: PyTree
   loss_fn: Callable[[PyTree, Any], Any]

@@ -91,17 +91,9 @@ class Engine:
 
 @dataclasses.dataclass(eq=False)
 class SimWorker:
-  """Everything the simulator knows about one worker (a process may add fields).
-
-  Attributes:
-    index: the worker's index i.
-    jitter: its compute-time jitter generator, seeded by (seed, i, 1).
-    iterations: iterations it completed.
-    wait: simulated seconds it spent idle.
-    messages: messages it sent.
-    idle_since: when it last stopped computing.
-    model: its training state, owned by the compute object (None in the timing-only mode).
-  """
+  """Everything the simulator knows about one worker (a process may add fields): ``jitter``,
+  its compute-time generator, seeded by (seed, i, 1); ``wait``, simulated seconds it spent idle;
+  ``model``, its training state, owned by the compute object (None in the timing-only mode)."""
 
   index: int
   jitter: np.random.Generator
@@ -167,6 +159,14 @@ class Process:
     if not self.cluster.jitter:
       return base
     return base * (1.0 + self.cluster.jitter * (2.0 * worker.jitter.random() - 1.0))
+
+  def computed_step(self, worker: SimWorker, step: bool = True) -> Any:
+    """Books the end of ``worker``'s computation (idle from now on) and, if ``step``, returns
+    the message of its local step."""
+    self.engine.log("compute", worker.index)
+    worker.iterations += 1
+    worker.idle_since = self.engine.now
+    return self.compute.step(worker) if step else None
 
   def begin(self, worker: SimWorker) -> None:
     """``worker`` starts an iteration now (its idle time since ``idle_since`` counts as
