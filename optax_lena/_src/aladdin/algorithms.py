@@ -43,7 +43,7 @@ class Spec:
   Attributes:
     worker_tx: the workers' optimizer (``al.local_optimizer(eta)`` is the paper's). Needed to
       train (not in the simulator's timing-only mode); unused by ASP.
-    label: a display name (empty: the algorithm's name).
+    label: a display name for the caller's reports (the engines do not read it).
   """
 
   name: ClassVar[str]
@@ -66,10 +66,6 @@ class Spec:
   def option_names(cls) -> tuple[str, ...]:
     """The options this algorithm accepts (its fields)."""
     return tuple(f.name for f in dataclasses.fields(cls))
-
-  @property
-  def display_name(self) -> str:
-    return self.label or self.name
 
   def check_trainable(self) -> None:
     """Raises, naming the missing option, when this spec cannot train (only time)."""

@@ -1,10 +1,5 @@
-"""The baselines of the ALADDIN paper in the same pure, jittable terms: AR-SGD, ASP (Hogwild),
-EASGD and SGP.
-
-All of them, as in the paper's comparison (Section 4), run with the same data, model, local
-optimizer (momentum SGD 0.9, weight decay 1e-4, :func:`local_optimizer`) and schedule as
-ALADDIN; only the way the workers' models are combined differs.
-"""
+"""The baselines of the ALADDIN paper (Section 4) in the same pure, jittable terms: AR-SGD, ASP
+(Hogwild), EASGD and SGP (``docs/ALADDIN.md``, section 4)."""
 
 from __future__ import annotations
 

@@ -156,7 +156,6 @@ class Training(Compute):
     self.y_test = jnp.asarray(problem.y_test)
     loss_fn, accuracy_fn = problem.loss_fn, problem.accuracy_fn
     self.eval_fn = jax.jit(lambda p, x, y: (loss_fn(p, (x, y)), accuracy_fn(p, (x, y))))
-    self.mean_models = jax.jit(_mean_models)
     program = self.program = spec.program(loss_fn, num_workers)
     self.step_fn, self.apply_fn = jax.jit(program.step), jax.jit(program.apply)
     self.mean_params = jax.jit(lambda states: _mean_models([program.params(s) for s in states]))
