@@ -21,9 +21,7 @@ class Outbox:
   """Queues messages, sends them in folded calls, returns the replies in order.
 
   Args:
-    worker: the sender's index.
-    shards: the shard actors.
-    layout: the flat layout.
+    worker, shards, layout: the sender's index, the shard actors and the flat layout.
     max_inflight: unanswered calls before messages are folded instead of sent.
     max_fold: messages in one call; a worker that has this many queued behind
       ``max_inflight`` unanswered calls waits (back-pressure).

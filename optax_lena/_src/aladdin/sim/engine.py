@@ -105,13 +105,10 @@ class SimWorker:
 
 
 class Process:
-  """One algorithm's message pattern on a cluster (subclass per algorithm).
-
-  A subclass sets ``worker_type`` (its :class:`SimWorker` record), implements :meth:`computed`
-  (a worker finished an iteration) and the handlers it schedules, and calls the compute object
-  for every computation; ``@sim.simulates(name)`` attaches it to an algorithm (or to a spec
-  class, for every registered subclass).
-  """
+  """One algorithm's message pattern on a cluster (subclass per algorithm, attached by
+  ``@sim.simulates``): it sets ``worker_type`` (its :class:`SimWorker` record), implements
+  :meth:`computed` and the handlers it schedules, and calls the compute object for every
+  computation."""
 
   worker_type: ClassVar[type[SimWorker]] = SimWorker
   # The handlers of a process that talks to PS shards (see :meth:`to_shards`).
