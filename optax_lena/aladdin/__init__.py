@@ -1,13 +1,9 @@
 """ALADDIN: asymmetric centralized training for distributed deep learning (CIKM 2021).
 
-``from optax_lena import aladdin as al``. Workers push a gradient every iteration and never
-wait; a parameter server accumulates the gradients and, once every ``period`` messages of a
-worker, makes a lazy global update and replies with the global model, which the worker mixes into
-its own (Eq. 3). Pure, jittable building blocks: the server (:func:`parameter_server`, Algorithm
-2), the worker's step and merge (:func:`local_step`, :func:`worker_merge`, Algorithm 1) and
-the paper's baselines; and one typed, validated description per algorithm (:func:`algorithm`,
-:class:`Aladdin`, ...), whose worker program (:class:`WorkerProgram`) and server both engines
-run (the simulator and the Ray runtime), with the recommended recipe as defaults.
+``from optax_lena import aladdin as al``: pure, jittable building blocks (the server
+:func:`parameter_server`, the worker's :func:`local_step` and :func:`worker_merge`, the paper's
+baselines) and one validated spec per algorithm (:func:`algorithm`), which both engines run
+(``docs/ALADDIN.md``).
 """
 
 from optax_lena._src.aladdin.algorithms import (

@@ -1,14 +1,8 @@
 """ALADDIN and its baselines on Ray: ``from optax_lena.aladdin import distributed as ad``.
 
-Parameter-server shards and workers run as Ray actors; ALADDIN workers push every message to
-every shard without waiting and merge the server's ``(x~, alpha)`` whenever a reply has
-arrived. The same runtime runs AR-SGD (a barrier per iteration), ASP and EASGD (symmetric
-waits) and SGP (push-sum gossip), so that every comparison is on one engine.
-
-Needs the ``distributed`` extra (``pip install 'optax_lena[distributed]'``, which adds Ray and
-Orbax); the core package never imports Ray. A local run binds every Ray service to 127.0.0.1
-and starts no dashboard or job-submission API; ``address=`` joins an existing cluster (see
-``docs/ALADDIN-ray.md`` for its TLS and token settings).
+Parameter-server shards and workers run as Ray actors, for ALADDIN and every baseline, so that
+every comparison is on one engine (``docs/ALADDIN-ray.md``). Needs the ``distributed`` extra
+(``pip install 'optax_lena[distributed]'``: Ray and Orbax); the core package never imports Ray.
 
 Example::
 

@@ -1,10 +1,5 @@
-"""The deterministic cluster simulator for ALADDIN and its baselines (public names).
-
-``from optax_lena.aladdin import simulator as sim``: :func:`simulate` runs the real JAX
-computations of n workers and the parameter server in the order a cluster with the given speeds
-would produce them (or, with ``problem=None``, only their timing); :class:`Cluster` and the
-helpers below are its cost model; a :class:`Simulator` keeps one algorithm's compiled functions
-for many runs. See ``docs/ALADDIN.md``, section 5.
+"""The deterministic cluster simulator for ALADDIN and its baselines (public names):
+``from optax_lena.aladdin import simulator as sim``; ``docs/ALADDIN.md``, section 5.
 """
 
 from optax_lena._src.aladdin.algorithms import algorithm

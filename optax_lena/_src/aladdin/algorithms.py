@@ -1,17 +1,9 @@
 """One description of every training algorithm, shared by the simulator and the Ray runtime.
 
-An algorithm is a frozen, validated spec (:class:`Aladdin`, :class:`ArSgd`, :class:`Asp`,
-:class:`Easgd`, :class:`Sgp`) with one spelling of every option for every engine, and the
-registry (:func:`register`, :func:`algorithm`, :func:`entry`) is the one table that maps a name
-to its spec. Every spec carries its algorithm's pure pieces: the worker side
-(:meth:`Spec.program`, a :class:`~optax_lena._src.aladdin.worker.WorkerProgram` that both engines
-run) and the server (:meth:`Spec.server`, if it has one). An engine attaches only its message
-pattern (the simulator its process, the Ray runtime its iteration: :func:`attacher`), to a name
-or to a spec class such as :class:`Symmetric`, whose registered subclasses then run it.
-
-The defaults of :class:`Aladdin` are the recommended recipe (``docs/ALADDIN.md``); the printed
-paper (Algorithms 1 and 2 read literally) is ``message="gradient", server_tx=optax.sgd(eta),
-alpha="count"``.
+A frozen, validated spec per algorithm carries its pure pieces, the worker side
+(:meth:`Spec.program`) and the server (:meth:`Spec.server`); the registry maps a name to its spec
+and to the message pattern each engine attached (:func:`attacher`). ``docs/ALADDIN.md`` (section
+4b) describes both.
 """
 
 from __future__ import annotations
@@ -44,10 +36,6 @@ class Server(Protocol):
   def receive(self, state: Any, message: PyTree, worker: Any) -> tuple[Any, Any]: ...
 
 
-def _check_tx(tx: Any, field: str, example: str) -> None:
-  checks.check_tx(tx, field, example, optional=True)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Spec:
   """The options every algorithm has (subclass per algorithm; build with :func:`algorithm`).
@@ -55,7 +43,7 @@ class Spec:
   Attributes:
     worker_tx: the workers' optimizer (``al.local_optimizer(eta)`` is the paper's). Needed to
       train (not in the simulator's timing-only mode); unused by ASP.
-    label: a display name (empty: the algorithm's name).
+    label: a display name for the caller's reports (the engines do not read it).
   """
 
   name: ClassVar[str]
@@ -70,7 +58,7 @@ class Spec:
   label: str = ""
 
   def __post_init__(self) -> None:
-    _check_tx(self.worker_tx, "worker_tx", "al.local_optimizer(0.1)")
+    checks.check_tx(self.worker_tx, "worker_tx", "al.local_optimizer(0.1)", optional=True)
     if not isinstance(self.label, str):
       raise TypeError(f"label must be a str, got {self.label!r}.")
 
@@ -78,10 +66,6 @@ class Spec:
   def option_names(cls) -> tuple[str, ...]:
     """The options this algorithm accepts (its fields)."""
     return tuple(f.name for f in dataclasses.fields(cls))
-
-  @property
-  def display_name(self) -> str:
-    return self.label or self.name
 
   def check_trainable(self) -> None:
     """Raises, naming the missing option, when this spec cannot train (only time)."""
@@ -97,15 +81,8 @@ class Spec:
     return None
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
-    """The worker side of this algorithm (pure, jittable), run by every engine.
-
-    Args:
-      loss_fn: ``loss_fn(params, batch) -> scalar``.
-      num_workers: n.
-
-    Returns:
-      A :class:`~optax_lena._src.aladdin.worker.WorkerProgram`.
-    """
+    """The worker side of this algorithm for ``loss_fn(params, batch) -> scalar`` and
+    ``num_workers`` workers (pure, jittable), run by every engine."""
     raise NotImplementedError(f"{type(self).__name__} defines no worker program.")
 
   def _tx(self) -> optax.GradientTransformation:
@@ -127,23 +104,19 @@ def _gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Aladdin(Spec):
-  """ALADDIN (Algorithms 1 and 2): wait-free pushes, lazy global updates every ``period``.
-
-  The defaults are the recommended recipe (measured in the simulator; ``docs/ALADDIN.md``).
+  """ALADDIN (Algorithms 1 and 2): wait-free pushes, lazy global updates every ``period``; the
+  defaults are the recommended recipe.
 
   Attributes:
-    message: what a worker sends: ``"update"`` (its own displacement x_before - x_after, the
-      recipe) or ``"gradient"`` (the raw gradient, Algorithm 1 as printed).
-    server_tx: the server's optimizer on the normalised accumulated messages. None: the one
-      that fits ``message``: ``optax.sgd(1.0)`` for updates (the global model moves by the mean
-      of the local displacements); gradient messages need one (``optax.sgd(eta)`` is the
-      printed step).
+    message: ``"update"`` (the worker's displacement, the recipe) or ``"gradient"`` (Algorithm
+      1 as printed).
+    server_tx: the server's optimizer on the normalised accumulated messages (None: the one
+      that fits ``message``: ``optax.sgd(1.0)`` for updates; gradient messages need one).
     period: pi, the server replies to a worker once every ``period`` of its messages.
     normalise: ``"sum"``, ``"mean"`` or ``"mean_of_locals"`` (see ``al.parameter_server``).
     alpha: the merge weight: ``"count"`` (Algorithm 2), ``"n_pi"`` (Section 3.2) or a float.
     reply_every: forward the server's reply to a worker only once every ``reply_every`` of its
-      messages (None: every reply); with ``period=1`` this is ALADDIN without its lazy global
-      update (the ablation's L2).
+      messages (None: every reply; the simulator's ablation).
   """
 
   name: ClassVar[str] = "aladdin"
@@ -158,7 +131,7 @@ class Aladdin(Spec):
 
   def __post_init__(self) -> None:
     super().__post_init__()
-    _check_tx(self.server_tx, "server_tx", "optax.sgd(1.0)")
+    checks.check_tx(self.server_tx, "server_tx", "optax.sgd(1.0)", optional=True)
     check_message(self.message)
     checks.check_period(self.period)
     checks.check_normalise(self.normalise)
@@ -231,13 +204,8 @@ class ArSgd(Spec):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Symmetric(Spec):
   """Base of the algorithms whose workers exchange with a server and wait for its answer (ASP,
-  EASGD): after every ``exchange_every``-th local step a worker sends that step's message to the
-  server and applies the :class:`~optax_lena._src.aladdin.server.Reply` before its next step.
-
-  Both engines attach their exchange pattern to this class, so a subclass that defines
-  :meth:`Spec.program` and :meth:`Spec.server` runs in the simulator and on Ray once it is
-  registered (:func:`register`), with no engine code of its own.
-  """
+  EASGD); both engines attach their exchange pattern to it, so a registered subclass that
+  defines :meth:`Spec.program` and :meth:`Spec.server` runs on both."""
 
   @property
   def exchange_every(self) -> int:
@@ -261,7 +229,7 @@ class Asp(Symmetric):
 
   def __post_init__(self) -> None:
     super().__post_init__()
-    _check_tx(self.server_tx, "server_tx", "optax.sgd(0.1, momentum=0.9)")
+    checks.check_tx(self.server_tx, "server_tx", "optax.sgd(0.1, momentum=0.9)", optional=True)
     if self.worker_tx is not None:
       raise ValueError(
         "ASP's workers have no optimizer (they send gradients and adopt the server's model): "
@@ -307,11 +275,7 @@ class Easgd(Symmetric):
   def __post_init__(self) -> None:
     super().__post_init__()
     checks.check_positive_int(self.tau, "tau", "local steps between exchanges; the paper uses 2")
-    if self.beta is not None and (isinstance(self.beta, bool) or not 0.0 < float(self.beta) <= 1.0):
-      raise ValueError(
-        f"beta must be None (0.9 / n, the paper's) or in (0, 1] (the elastic moving rate), got "
-        f"{self.beta!r}."
-      )
+    checks.check_beta(self.beta, optional=True)
 
   @property
   def exchange_every(self) -> int:
@@ -391,11 +355,6 @@ class PushSumState(NamedTuple):
   numerator: Any
   weight: Any
   opt_state: Any
-
-
-# ----------------------------------------------------------------------------------------------
-# The registry: the one table from a name to its algorithm
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass

@@ -1,10 +1,5 @@
-"""The baselines of the ALADDIN paper in the same pure, jittable terms: AR-SGD, ASP (Hogwild),
-EASGD and SGP.
-
-All of them, as in the paper's comparison (Section 4), run with the same data, model, local
-optimizer (momentum SGD 0.9, weight decay 1e-4, :func:`local_optimizer`) and schedule as
-ALADDIN; only the way the workers' models are combined differs.
-"""
+"""The baselines of the ALADDIN paper (Section 4) in the same pure, jittable terms: AR-SGD, ASP
+(Hogwild), EASGD and SGP (``docs/ALADDIN.md``, section 4)."""
 
 from __future__ import annotations
 
@@ -25,21 +20,9 @@ def _compute_dtype(dtype: Any) -> Any:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-# ----------------------------------------------------------------------------------- AR-SGD
-
-
 def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> PyTree:
-  """AR-SGD's all-reduce: the mean of the n workers' gradients of one iteration.
-
-  AR-SGD is synchronous: every iteration waits for all n gradients, averages them (the
-  all-reduce) and every worker applies the same Optax update to the same model, so all workers
-  stay identical::
-
-    g = al.ar_sgd_mean([g_0, ..., g_{n-1}])
-    updates, opt_state = tx.update(g, opt_state, params)   # tx = al.local_optimizer(eta)
-    params = optax.apply_updates(params, updates)
-
-  Inside ``pmap``/``shard_map`` the same mean is ``jax.lax.pmean(g, axis_name)``.
+  """AR-SGD's all-reduce: the mean of the n workers' gradients of one iteration, on which every
+  worker then takes the same ``tx`` step (``jax.lax.pmean`` inside ``pmap``/``shard_map``).
 
   Args:
     grads: a sequence of n gradient trees, or (``stacked=True``) one tree whose leaves have a
@@ -48,9 +31,6 @@ def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> P
 
   Returns:
     The mean gradient tree (float32 accumulation for lower-precision leaves, cast back).
-
-  References:
-    Ko et al., ALADDIN, CIKM 2021, Section 4 (AR-SGD baseline).
   """
 
   def mean(x, axis=0):
@@ -71,9 +51,6 @@ def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> P
         f"{structure}: every worker must send the gradient of the same parameter pytree."
       )
   return jax.tree.map(lambda *xs: mean(jnp.stack(xs)), *grads)
-
-
-# -------------------------------------------------------------------------------------- ASP
 
 
 class ASPState(NamedTuple):
@@ -100,26 +77,19 @@ class ASPServer(NamedTuple):
 
 
 def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
-  """ASP / Hogwild, the symmetric asynchronous parameter server.
-
-  A worker computes a gradient on its copy of the model, sends it and WAITS: the server applies
-  the step at once, ``x~ <- x~ + server_tx(g)`` (``optax.sgd(eta)``: ``x~ - eta g``), and sends
-  x~ back; the worker replaces its model with it and starts the next iteration from there. The
-  workers' local optimizer is not used: the server's ``server_tx`` (the paper: momentum SGD,
-  weight decay, schedule) is the only optimizer. A gradient with a NaN or an Inf is ignored
-  (``num_rejected`` + 1, x~ returned unchanged).
+  """ASP / Hogwild: the server steps at once on every gradient, ``x~ <- x~ + server_tx(g)``, and
+  the waiting worker adopts x~ (``server_tx`` is the only optimizer). A gradient with a NaN or an
+  Inf is ignored (``num_rejected`` + 1, x~ unchanged).
 
   Args:
     server_tx: the Optax transformation applied to every gradient.
 
   Returns:
-    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, reply)``, the same
-    :class:`Reply` as ALADDIN's server: ``reply.params`` is the new x~, ``reply.alpha`` 1 and
-    ``reply.ready`` True, so ``worker_merge(x, reply.params, reply.alpha)`` adopts x~ exactly.
-    ``worker`` is accepted for the interface of the other servers and not used.
+    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, reply)`` answers the new x~
+    with ``alpha`` 1 and ``ready`` True (``worker`` is not used).
 
   References:
-    Recht et al., Hogwild!, NeurIPS 2011; Ko et al., ALADDIN, CIKM 2021, Section 4 (ASP).
+    Recht et al., Hogwild!, NeurIPS 2011.
   """
   checks.check_tx(server_tx, "server_tx", "optax.sgd(eta)")
 
@@ -150,9 +120,6 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
   return ASPServer(init_fn, receive_fn)
 
 
-# ------------------------------------------------------------------------------------ EASGD
-
-
 class EASGDState(NamedTuple):
   """State of :func:`easgd_server`: the center variable x~ and the number of exchanges."""
 
@@ -173,41 +140,26 @@ class EASGDServer(NamedTuple):
 
 
 def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -> EASGDServer:
-  """Asynchronous elastic averaging SGD (EASGD), the symmetric elastic exchange.
-
-  Every worker trains its own model with the local optimizer and, after every ``tau``-th local
-  step (local iteration t with ``t % tau == 0``), exchanges with the server and waits for the
-  answer; with ``d = x_i - x~`` (the same x_i on both sides)::
-
-    x_i <- x_i - beta d,    x~ <- x~ + beta d.
-
-  The paper's configuration: tau = 2 and the moving rate beta = 0.9 / n.
+  """Asynchronous EASGD's elastic exchange, every ``tau`` local steps of a worker: with
+  ``d = x_i - x~``, ``x_i <- x_i - beta d`` and ``x~ <- x~ + beta d``.
 
   Args:
     num_workers: n.
-    beta: the moving rate in (0, 1]; None for 0.9 / n.
+    beta: the moving rate in (0, 1]; None for 0.9 / n (the paper's).
     tau: the communication period in local steps (>= 1); kept on the server for the caller.
 
   Returns:
-    An :class:`EASGDServer`; ``receive(state, local_params, worker) -> (state, reply)`` with the
-    same :class:`Reply` as ALADDIN's server: ``reply.params`` the worker's new local model,
-    ``reply.alpha`` 1, ``reply.ready`` True (``worker_merge`` then adopts it exactly);
-    ``exchange(state, local_params, worker) -> (state, new_local_params)`` is the same step
-    returning the model itself. Leaf dtypes are preserved; the computation is in float32 or
-    wider.
+    An :class:`EASGDServer`; ``receive(state, local_params, worker) -> (state, reply)`` answers
+    the worker's new local model with ``alpha`` 1 and ``ready`` True; ``exchange`` returns that
+    model itself. Leaf dtypes are kept; the computation is in float32 or wider.
 
   References:
-    Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015
-    (asynchronous EASGD, Algorithm 1); Ko et al., ALADDIN, CIKM 2021, Section 4.
+    Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015.
   """
   num_workers = checks.check_num_workers(num_workers)
   checks.check_positive_int(tau, "tau", "local steps between exchanges")
-  if beta is None:
-    beta = 0.9 / num_workers
-  if isinstance(beta, bool) or not 0.0 < float(beta) <= 1.0:
-    raise ValueError(
-      f"beta must be in (0, 1] (the elastic moving rate; the paper uses 0.9 / n), got {beta!r}."
-    )
+  beta = 0.9 / num_workers if beta is None else beta
+  checks.check_beta(beta)
   beta = float(beta)
 
   def init_fn(params: PyTree) -> EASGDState:
@@ -237,9 +189,6 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     return state, adopt(new_local)
 
   return EASGDServer(init_fn, exchange_fn, num_workers, beta, tau, receive_fn)
-
-
-# -------------------------------------------------------------------------------------- SGP
 
 
 class SGPState(NamedTuple):
@@ -280,22 +229,14 @@ class SGP(NamedTuple):
 def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
   """Stochastic gradient push (SGP): push-sum gossip on a directed exponential graph.
 
-  Every node i keeps a numerator x_i and a weight w_i (initially x0 and 1) and trains the
-  de-biased model z_i = x_i / w_i. In round k it (1) computes a gradient at z_i and applies its
-  local step to the numerator, x_i <- x_i + tx(g) (:attr:`SGP.apply_updates`), (2) keeps half of
-  (x_i, w_i) and pushes the other half to ONE peer, ``(i + 2^(k mod m)) mod n`` with
-  ``m = floor(log2(n - 1)) + 1`` peers in turn (1, 2, 4, ... hops; m = log2 n for n a power of
-  two) (:attr:`SGP.send`), and (3) adds the messages it receives (:attr:`SGP.mix`). With
-  ``overlap=1`` (the paper's 1-overlap SGP) a node does not wait for this round's message: it
-  mixes the one sent to it in the previous round, so one message per node is in flight.
-  Halving and adding preserve the sums of numerators and weights (in flight included), and the
-  de-biased models reach consensus on sum(x) / sum(w).
+  Node i trains the de-biased model ``x_i / w_i``; in round k it keeps half of ``(x_i, w_i)`` and
+  pushes half to ``(i + 2^(k mod m)) mod n``, ``m = floor(log2(n - 1)) + 1``, and mixes what it
+  receives (with ``overlap=1``, what was sent to it the round before).
 
-  Per-node pieces (for an event simulator or a runtime): ``peer(node, step)``,
-  ``send(x, w) -> ((x_kept, w_kept), (x_msg, w_msg))``, ``mix(x, w, x_msg, w_msg)``,
-  ``debias(x, w)``. Whole-cluster pieces on a stacked :class:`SGPState`: ``init(params)``,
-  ``debiased(state)`` (the n models z_i, stacked), ``apply_updates(state, stacked_updates)``,
-  ``gossip(state)`` (one synchronous round: every node sends, then mixes; ``step`` + 1).
+  Per-node pieces: ``peer(node, step)``, ``send(x, w) -> ((x_kept, w_kept), (x_msg, w_msg))``,
+  ``mix(x, w, x_msg, w_msg)``, ``debias(x, w)``. Whole-cluster pieces on a stacked
+  :class:`SGPState`: ``init(params)``, ``debiased(state)``, ``apply_updates(state,
+  stacked_updates)``, ``gossip(state)`` (one synchronous round; ``step`` + 1).
 
   Args:
     num_workers: n >= 1.
@@ -306,8 +247,7 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
 
   References:
     Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
-    Learning", ICML 2019 (Algorithm 1, overlap SGP; the time-varying directed exponential
-    graph); Ko et al., ALADDIN, CIKM 2021, Section 4 (SGP baseline).
+    Learning", ICML 2019.
   """
   num_workers = checks.check_num_workers(num_workers)
   if overlap not in (0, 1):

@@ -15,31 +15,22 @@ NORMALISE_OPTIONS = ("sum", "mean", "mean_of_locals")
 ALPHA_OPTIONS = ("count", "n_pi")
 
 
+def _count(value: Any, name: str, meaning: str, too_small: str = "") -> int:
+  """``value`` is an int >= 1: a TypeError, or a ValueError (``meaning``, then ``too_small``)."""
+  if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    raise TypeError(f"{name} must be a positive int ({meaning}), got {value!r}.")
+  if value < 1:
+    raise ValueError(f"{name} must be >= 1 ({meaning}{too_small}), got {value}.")
+  return int(value)
+
+
 def check_num_workers(num_workers: Any) -> int:
-  if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer):
-    raise TypeError(
-      f"num_workers must be a positive int (the number n of workers that send gradients), got "
-      f"{num_workers!r}."
-    )
-  if num_workers < 1:
-    raise ValueError(
-      f"num_workers must be >= 1 (the number n of workers that send gradients), got {num_workers}."
-    )
-  return int(num_workers)
+  return _count(num_workers, "num_workers", "the number n of workers that send gradients")
 
 
 def check_period(period: Any) -> int:
-  if isinstance(period, bool) or not isinstance(period, int | np.integer):
-    raise TypeError(
-      f"period must be a positive int (pi: the server replies to a worker once every pi of its "
-      f"gradients; the paper uses 4), got {period!r}."
-    )
-  if period < 1:
-    raise ValueError(
-      f"period must be >= 1 (pi: the server replies to a worker once every pi of its gradients; "
-      f"the paper uses 4, period=1 replies to every message), got {period}."
-    )
-  return int(period)
+  meaning = "pi: the server replies to a worker once every pi of its gradients; the paper uses 4"
+  return _count(period, "period", meaning, ", period=1 replies to every message")
 
 
 def check_normalise(normalise: Any) -> str:
@@ -89,6 +80,16 @@ def check_positive_int(value: Any, field: str, meaning: str) -> int:
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
     raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}.")
   return value
+
+
+def check_beta(beta: Any, optional: bool = False) -> None:
+  """``beta``, the elastic moving rate, is a number in (0, 1] (or, ``optional``, None)."""
+  if optional and beta is None:
+    return
+  if isinstance(beta, bool) or not 0.0 < float(beta) <= 1.0:
+    allowed = "None (0.9 / n, the paper's) or in (0, 1]" if optional else "in (0, 1]"
+    why = "" if optional else "; the paper uses 0.9 / n"
+    raise ValueError(f"beta must be {allowed} (the elastic moving rate{why}), got {beta!r}.")
 
 
 def check_worker(worker: Any, num_workers: int) -> None:

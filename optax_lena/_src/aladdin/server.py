@@ -53,13 +53,10 @@ class Reply(NamedTuple):
   EASGD's), applied by the worker as ``worker_merge(x, reply.params, reply.alpha)``.
 
   Attributes:
-    ready: bool scalar, True when the worker should merge ``params`` into its local model with
-      weight ``alpha`` (Eq. 3, :func:`worker_merge`): for ALADDIN, when this message triggered a
-      global update; ASP and EASGD always answer (weight 1: the worker adopts ``params``).
-    params: the global model x~ after this message: the new x~ when ``ready``, else the current,
-      unchanged x~ (never stale or uninitialised memory; a real server would not send it).
-    alpha: float32 scalar, the merge weight alpha_i when ``ready``, else 0.0, so that
-      ``worker_merge(x, reply.params, reply.alpha)`` is the identity on a reply that is not ready.
+    ready: bool scalar: ALADDIN's message triggered a global update (ASP and EASGD: always).
+    params: x~ after this message (ALADDIN's: unchanged when not ``ready``).
+    alpha: float32 scalar, the merge weight when ``ready`` (ASP and EASGD: 1), else 0.0, so
+      that merging a reply that is not ready is the identity.
   """
 
   ready: jax.Array
@@ -97,10 +94,9 @@ def accumulator_dtype(dtype: Any) -> Any:
 
 def all_finite(tree: PyTree) -> jax.Array:
   """True when every leaf of ``tree`` is finite (bool scalar)."""
-  # The sum of all the elements is NaN or Inf when one of them is; a plain float sum is the
-  # cheapest pass XLA has over an array (about 2.5x faster on CPU than all(isfinite(x)), which
-  # materialises a bool array). The only false alarm is a sum past the float32 range (|sum| >
-  # 3.4e38): such a gradient is rejected too.
+  # The sum is NaN or Inf when one element is, and a float sum is the cheapest pass XLA has over
+  # an array (all(isfinite(x)) materialises a bool array); the only false alarm is a sum past
+  # the float32 range, rejected too.
   sums = [jnp.sum(x, dtype=jnp.float32) for x in jax.tree.leaves(tree)]
   if not sums:
     return jnp.asarray(True)
@@ -109,10 +105,8 @@ def all_finite(tree: PyTree) -> jax.Array:
 
 def run_once_if(flag: jax.Array, fn: Callable[..., tuple], operands: tuple) -> tuple:
   """``fn(*operands)`` when ``flag`` (a bool scalar), else ``operands``, as a loop of zero or
-  one iteration rather than ``lax.cond`` or ``jnp.where``: XLA updates loop-carried buffers in
-  place, so what is not touched is passed through without a pass over it, where XLA:CPU copies
-  the operands that ``lax.cond`` passes through (measured: 3.1x vs 1.3x an ``optax.sgd`` step
-  per non-triggering message)."""
+  one iteration: XLA updates loop-carried buffers in place, where XLA:CPU copies the operands
+  that ``lax.cond`` passes through (more than twice the cost of a non-triggering message)."""
 
   def body(carry):
     return (carry[0] + 1, *fn(*carry[1:]))
@@ -150,54 +144,21 @@ def parameter_server(
 ) -> ParameterServer:
   """ALADDIN's parameter server: Algorithm 2 for one gradient message at a time.
 
-  The server keeps the global model x~, an accumulator g~ and two counters: c~ (gradients since
-  the last global update, all workers) and c_i (gradients from worker i since its last reply).
-  On a message ``g_i`` from worker i it does ``c~ += 1, c_i += 1, g~ += g_i`` and, when
-  ``c_i >= period`` (a "lazy global update" plus a "PS-triggered local update"),
-
-    x~ <- x~ + server_tx(normalise(g~)),   reply (x~, alpha_i) to worker i,
-    g~ <- 0,  c~ <- 0,  c_i <- 0   (the other workers' c_j are kept).
-
-  With ``server_tx = optax.sgd(eta)`` the update is the printed ``x~ <- x~ - eta normalise(g~)``
-  exactly. Choices where the printed algorithm is ambiguous:
-
-  * every gradient is accumulated, the triggering one included (as printed, Algorithm 2 drops
-    it);
-  * ``normalise``: ``"sum"`` (g~ as it is, every gradient applied at the full rate, like ASP),
-    ``"mean"`` (g~ / c~, the printed factor) or ``"mean_of_locals"`` (g~ / n, the default: every
-    local model moves by eta g per gradient, so the average of the n local models moves by
-    (eta / n) sum g, which keeps Lemma 1 -- the global model equals the average of the local
-    models -- true when every worker's gradients have been applied);
-  * ``alpha``: ``"count"`` (``1 - 1/sqrt(c~)``, c~ counted before the reset with the triggering
-    gradient, Algorithm 2; the default), ``"n_pi"`` (``1 - 1/sqrt(n * period)``, Section 3.2)
-    or a fixed float in [0, 1] (0: local training only, ALADDIN-L1; 1: the worker adopts x~).
-
-  A message whose gradient holds a NaN or an Inf is rejected: the state is left exactly as if it
-  had never been sent, except ``num_rejected`` (+1), and the reply is not ready (the check sums
-  the gradient in float32, so a finite gradient whose elements sum past 3.4e38 is rejected
-  too). A traced worker index outside ``[0, num_workers)`` is rejected the same way (it never
-  writes out of bounds); a concrete one raises ``IndexError``.
-
-  Cost: ``receive`` runs the global update in a loop of zero or one iteration, so a message that
-  does not trigger costs one pass over the gradient (the finiteness check) and one in-place
-  accumulation, and a trigger adds one server step. Jitted with the state donated, a jitted
-  caller that also returns ``reply.params`` pays one copy of x~ per message (two outputs cannot
-  share a buffer); a server loop uses ``serve`` instead and reads the new x~ from
-  ``state.params``. Sending the message as one contiguous array (a server initialised with the
-  flattened parameters) makes each pass one kernel instead of one per leaf.
-  ``benchmarks/aladdin/receive_cost/main.py`` measures these against an ``optax.sgd`` step.
+  On a message ``g_i`` from worker i: ``c~ += 1, c_i += 1, g~ += g_i``; when ``c_i >= period``,
+  ``x~ <- x~ + server_tx(normalise(g~))``, reply ``(x~, alpha_i)`` and reset ``g~, c~, c_i``.
+  ``docs/ALADDIN.md`` (section 3) gives the choices where the printed algorithm is ambiguous.
+  A message holding a NaN or an Inf (summed in float32, so a sum past 3.4e38 too) or, traced,
+  from a worker outside ``[0, num_workers)`` is rejected: only ``num_rejected`` moves and the
+  reply is not ready; a concrete unknown worker raises ``IndexError``.
 
   Args:
     num_workers: n, the number of workers (indices ``0 .. n-1``).
     server_tx: the Optax transformation applied to ``normalise(g~)`` at each global update
-      (``optax.sgd(eta)`` is Algorithm 2's plain step; the paper's TensorFlow server ran
-      ``optax.sgd(eta, momentum=0.9)`` with the learning-rate schedule). It is called with the
-      normalised gradient, its state and x~, so weight decay or schedules work as usual; a
-      schedule counts global updates.
-    period: pi >= 1, the server replies to a worker once every ``period`` of its gradients (the
-      paper: 4).
-    normalise: ``"sum"``, ``"mean"`` or ``"mean_of_locals"`` (see above).
-    alpha: ``"count"``, ``"n_pi"`` or a float in [0, 1] (see above).
+      (``optax.sgd(eta)`` is Algorithm 2's plain step); a schedule counts global updates.
+    period: pi >= 1, the server replies to a worker once every ``period`` of its gradients.
+    normalise: ``"sum"`` (g~), ``"mean"`` (g~ / c~) or ``"mean_of_locals"`` (g~ / n).
+    alpha: ``"count"`` (``1 - 1/sqrt(c~)``), ``"n_pi"`` (``1 - 1/sqrt(n * period)``) or a float
+      in [0, 1].
 
   Returns:
     A :class:`ParameterServer`; ``worker`` is a Python int or an int32 scalar (traced under
@@ -205,23 +166,13 @@ def parameter_server(
 
     * ``init(params) -> ServerState``; ``receive(state, grads, worker) -> (state, Reply)``.
     * ``serve(state, grads, worker, accept=None) -> (state, ready, alpha)``: ``receive`` for a
-      server loop that jits it with the state donated; the reply's model is ``state.params``
-      when ``ready``, so no message pays a copy of x~. ``accept`` is the sender's verdict on the
-      whole message (a bool scalar: every element finite), computed where it made the message,
-      on the exact values sent: the server applies it instead of a pass of its own over the
-      message (XLA:CPU cannot fuse that reduction with the accumulation it guards); ``None``:
-      the server checks.
+      loop that jits it with the state donated (the reply's model is ``state.params``, so no
+      message pays a copy of x~); ``accept``, the sender's finiteness verdict on the whole
+      message (a bool scalar), replaces the server's own pass over it.
     * ``serve_many(state, messages, worker, accept=None) -> (state, n, alphas, replies)``: ``k``
-      calls of ``serve`` for ``k`` messages of one worker stacked on a leading axis (``accept``:
-      ``k`` verdicts), with the same values (only the sign of a zero in the reset g~ may
-      differ); the ``n`` global updates they triggered are ``alphas[:n]`` and ``replies[:n]``
-      (x~ after each). A worker triggers at most once in any ``period`` of its messages, so the
-      triggers are known from the counters before any pass, and each block of ``period``
-      messages is added in one fused pass.
-
-  References:
-    Ko et al., ALADDIN, CIKM 2021: Algorithm 2 (server), Algorithm 1 (worker), Eq. 3 (merge),
-    Section 3.2 (alpha = 1 - 1/sqrt(n pi)), Lemma 1.
+      calls of ``serve`` for ``k`` messages of one worker stacked on a leading axis, with the
+      same values (only the sign of a zero in the reset g~ may differ); the ``n`` global updates
+      they triggered are ``alphas[:n]`` and ``replies[:n]`` (x~ after each).
   """
   num_workers = checks.check_num_workers(num_workers)
   period = checks.check_period(period)
@@ -435,26 +386,11 @@ def parameter_server(
 def folded_receive(server: Any, period: int = 1, recheck: bool = False) -> Callable[..., Any]:
   """``receive(state, messages[k, slice], finite[k], worker) -> (state, n, alphas, params)``:
   the algorithm's server applied to ``k`` messages of one worker in order, with the values of
-  ``k`` separate calls. ``finite[i]`` is the sender's verdict on the whole message ``i``, so
-  that a NaN in another shard's slice makes every shard reject the message and their counters
-  stay equal. ALADDIN's server applies it as it is: the worker computed it inside the compiled
-  step that made the message, on the exact values it sends (``recheck``: the shard checks its
-  slices too, so that a message sent with a wrong verdict by other code is still rejected). The
-  other servers get a rejected message as NaN, and check every message themselves.
-
-  ``n`` messages triggered a reply; ``alphas[:n]`` and ``params[:n]`` are those replies in order
-  (x~ just after each trigger). A worker triggers at most once every ``period`` of its messages
-  (c_i restarts from 0), so ``ceil(k / period)`` slots hold every reply of the call. ALADDIN's
-  server takes the whole fold at once (``serve_many``: one pass over the messages per period);
-  the other servers, one message at a time.
-
-  Args:
-    server: ALADDIN's :func:`parameter_server`, or any server with ``receive`` (ASP's, EASGD's).
-    period: the most messages of a worker between two of its replies (ALADDIN's ``period``).
-    recheck: also check ALADDIN's messages for NaN and Inf instead of trusting ``finite``.
-
-  Returns:
-    The jittable ``receive`` (the Ray PS shard's, one slice of the model per shard).
+  ``k`` separate calls (the Ray PS shard's, on its slice). ``finite[i]`` is the sender's verdict
+  on the whole message ``i``, so that every shard rejects a message with a NaN in any slice;
+  ALADDIN's server trusts it (``recheck``: checks its slices too), the others get a rejected
+  message as NaN. ``alphas[:n]`` and ``params[:n]`` are the ``n`` replies, in order; a worker
+  triggers at most once every ``period`` of its messages, so ``ceil(k / period)`` slots hold them.
   """
   if isinstance(server, ParameterServer):
 

@@ -18,27 +18,20 @@ PyTree = Any
 def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
   """Eq. 3, the PS-triggered local update: ``x_i <- (1 - alpha) x_i + alpha x~``.
 
-  Computed in float32 (or the leaf's dtype when wider) and cast back, so every leaf keeps its
-  dtype (bf16/f16 leaves are rounded once, at the end). ``alpha = 0`` returns ``params`` exactly
-  and ``alpha = 1`` returns ``global_params`` exactly (for finite values), so applying a reply
-  that is not ready (``alpha = 0``) is harmless. Eagerly the result is NumPy's float32
-  ``(1 - a) * x + a * g`` bit for bit; under ``jit`` XLA may fuse a product and the add into one
-  fused multiply-add, which can change the last bit. The local optimizer state (momentum) is not
-  touched: the worker keeps it across merges.
+  Computed in float32 (or the leaf's dtype when wider) and cast back to each leaf's dtype;
+  ``alpha = 0`` returns ``params`` and ``alpha = 1`` ``global_params`` exactly (for finite
+  values), so a reply that is not ready is harmless. Under ``jit`` XLA may fuse a multiply-add,
+  which can change the last bit. The local optimizer state is not touched.
 
   Args:
     params: the worker's local model x_i.
-    global_params: the global model x~ from the server's reply (same structure, shapes; its
-      dtypes may differ, e.g. a float32 master copy for bf16 workers).
-    alpha: the merge weight alpha_i in [0, 1] from the reply (a scalar, possibly traced), or a
-      tree like ``params`` of weights broadcastable to each leaf (servers sharded across a
-      leaf reply with one weight per shard).
+    global_params: the global model x~ from the server's reply (same structure and shapes; its
+      dtypes may differ).
+    alpha: the merge weight alpha_i in [0, 1] (a scalar, possibly traced), or a tree like
+      ``params`` of weights broadcastable to each leaf (one weight per server shard).
 
   Returns:
     The merged model, with the structure, shapes and dtypes of ``params``.
-
-  References:
-    Ko et al., ALADDIN, CIKM 2021: Eq. 3 and Algorithm 1, line "PS-triggered local update".
   """
   structure: Any = jax.tree.structure(params)  # Any: PyTreeDef's stubs lack comparisons
   if structure != jax.tree.structure(global_params):
@@ -73,25 +66,17 @@ def local_optimizer(
   weight_decay: float = 1e-4,
   nesterov: bool = False,
 ) -> optax.GradientTransformation:
-  """The paper's local optimizer: momentum SGD 0.9 with weight decay 1e-4 (PyTorch semantics).
-
-  ``optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate, momentum))``:
-  the decay is added to the gradient before the momentum, as TensorFlow's and PyTorch's momentum
-  SGD with L2 regularisation do. The gradient a worker sends to the server is the raw
-  mini-batch gradient, without this decay (see :func:`local_step`).
+  """The paper's local optimizer: momentum SGD 0.9 with weight decay 1e-4 (PyTorch semantics:
+  the decay is added to the gradient before the momentum).
 
   Args:
-    learning_rate: eta, a float or an Optax schedule (the paper: 0.01 x n on CIFAR-10 and
-      0.05 x n on ImageNet, linear warm-up, step decay).
+    learning_rate: eta, a float or an Optax schedule.
     momentum: momentum coefficient (0.9 in the paper).
     weight_decay: L2 coefficient added to the gradient (1e-4 in the paper).
     nesterov: Nesterov momentum (not used by the paper).
 
   Returns:
     An ``optax.GradientTransformation``.
-
-  References:
-    Ko et al., ALADDIN, CIKM 2021, Section 4.1 (experimental setup).
   """
   return optax.chain(
     optax.add_decayed_weights(weight_decay),
@@ -124,33 +109,19 @@ def local_step(
   """The worker's iteration of Algorithm 1 (lines 1-3): mini-batch gradient, self-update, message.
 
   Returns a pure, jittable ``step(params, opt_state, batch) -> (params, opt_state, message,
-  loss)``: ``params`` is the local model after the self-update ``x_i <- x_i + tx(g)`` (line 2)
-  and ``message`` what the worker pushes to the server (line 3):
-
-  * ``"gradient"`` (Algorithm 1 as printed): the raw
-    gradient ``g`` of ``loss_fn(params, batch)`` at the parameters before the update. The
-    server steps on it with ``server_tx`` (``optax.sgd(eta)``: the printed plain step).
-  * ``"update"``: the worker's own displacement ``u = x_before - x_after`` of this step, momentum
-    and weight decay included. Served by ``optax.sgd(1.0)`` with ``normalise="mean_of_locals"``,
-    the global model moves by ``(1/n) sum u``: it stays the average of the local models between
-    merges (Lemma 1), whatever the workers' optimizer. The default: it is the recommended
-    recipe (the algorithm specs of ``optax_lena.aladdin`` default to it too); with plain-SGD
-    workers and ``optax.sgd(eta)`` the two modes are the same algorithm (up to rounding).
-
-  Sending does not wait for anything; merging a reply is :func:`worker_merge` (line 4). The same
-  function serves the simulator and any runtime that moves the message elsewhere.
+  loss)``: ``params`` after the self-update ``x_i <- x_i + tx(g)`` and ``message`` what the
+  worker pushes: ``"gradient"``, the raw gradient at the parameters before the update (Algorithm
+  1 as printed), or ``"update"``, its own displacement ``x_before - x_after`` (the recipe;
+  ``docs/ALADDIN.md``, section 2). Merging a reply is :func:`worker_merge`.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> loss`` (a scalar; with ``has_aux``, ``(loss, aux)``).
     tx: the local optimizer, any Optax transformation (the paper's: :func:`local_optimizer`).
-    message: ``"gradient"`` or ``"update"`` (see above).
+    message: ``"gradient"`` or ``"update"``.
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``; ``loss`` is then that pair.
 
   Returns:
     The step function.
-
-  References:
-    Ko et al., ALADDIN, CIKM 2021: Algorithm 1 (worker), Lemma 1.
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable as loss_fn(params, batch), got {loss_fn!r}.")
@@ -179,18 +150,15 @@ class LocalState(NamedTuple):
 
 
 class WorkerProgram(NamedTuple):
-  """The worker side of one algorithm, pure and jittable (``spec.program(loss_fn, n)``).
-
-  Both engines run it: the simulator and the Ray runtime keep only the driving, timing and
-  transport, so that an algorithm's worker math is written once and both run the same steps.
+  """The worker side of one algorithm, pure and jittable (``spec.program(loss_fn, n)``), which
+  both engines run (they keep only the driving, timing and transport).
 
   Attributes:
     init: ``init(params) -> state``, the local state of a worker starting from ``params``.
     step: ``step(state, batch) -> (state, message, loss)``: one local iteration and what the
-      worker sends (ALADDIN: its update or gradient; ASP: its gradient; EASGD: its model;
-      AR-SGD: its gradient for the all-reduce; SGP: its push-sum half ``(numerator, weight)``).
+      worker sends.
     apply: ``apply(state, reply) -> state``: what comes back (a server's :class:`Reply`, merged
-      by Eq. 3; AR-SGD's mean gradient, stepped on; SGP's peer message, mixed).
+      by Eq. 3; AR-SGD's sum of the gradients, stepped on; SGP's peer message, mixed).
     params: ``params(state)``: the worker's model to evaluate (SGP: de-biased).
   """
 

@@ -29,12 +29,9 @@ def _loopback_node() -> Iterator[None]:
   """Makes a new local Ray node advertise, and so bind, 127.0.0.1 (Ray 2.x), and start its
   worker processes at the driver's priority instead of Ray's nice 15.
 
-  ``ray.init(_node_ip_address="127.0.0.1")`` alone is not enough: Ray replaces a loopback node
-  address by the machine's external IP (so that other nodes could reach it) and its gRPC servers
-  then listen on every interface. Ray keeps loopback only where "clusters" are disabled, which
-  is decided by the environment variable below (read at import time, hence the module patch).
-  The processes the node starts inherit the variable; it is restored afterwards, so a later
-  ``ray.init(address=...)`` in the same process joins a remote cluster normally.
+  Ray keeps a loopback node address only where "clusters" are disabled, which the environment
+  variable decides (read at import time, hence the module patch too); it is restored
+  afterwards, so a later ``ray.init(address=...)`` in the same process joins normally.
   """
   import ray._private.ray_constants as ray_constants
 
@@ -88,14 +85,11 @@ def connect(
   """Starts a secure local Ray cluster, or joins ``address``; returns True if it started one.
 
   A local cluster binds every Ray service to 127.0.0.1 and starts no dashboard (hence no job
-  submission API, which runs arbitrary code for anyone who reaches it). Ray's token
-  authentication (on by default for local clusters since Ray 2.5x) stays on. To join a remote
-  cluster pass its ``address`` (``"host:port"``); its TLS (``RAY_USE_TLS`` and the certificate
-  variables) and token authentication (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN`` or the token
-  file) are configured with Ray's own environment variables, see docs/ALADDIN-ray.md.
+  submission API) and keeps Ray's token authentication; a remote cluster's TLS and tokens are
+  Ray's own environment variables (``docs/ALADDIN-ray.md``, "Security").
 
   Args:
-    address: an existing cluster's address, or None to start a local one.
+    address: an existing cluster's address (``"host:port"``), or None to start a local one.
     num_cpus: CPUs the local node advertises (the actors themselves request none).
     num_gpus: GPUs the local node advertises (None: the ones Ray detects).
     resources: custom resources of the local node.
@@ -212,51 +206,43 @@ def actor_options(config: Config, role: str) -> dict[str, Any]:
   return options
 
 
+def _cluster_cpus() -> float:
+  import ray
+
+  return float(ray.cluster_resources().get("CPU", 0.0))
+
+
 def worker_nice(config: Config, num_actors: int) -> int:
   """The workers' priority decrease: ``config.worker_nice``, or (None) 5 when the cluster has
   fewer CPUs than actors (the shards keep the priority the workers give up)."""
-  import ray
-
   if config.worker_nice is not None:
     return int(config.worker_nice)
-  cpus = float(ray.cluster_resources().get("CPU", 0.0))
-  return 5 if num_actors > cpus else 0
+  return 5 if num_actors > _cluster_cpus() else 0
 
 
 def intra_op_threads(config: Config, num_actors: int) -> int | None:
   """XLA's intra-op threads per actor: ``config.intra_op_threads``, or (None) 1 when the
   cluster has no more CPUs than actors, else XLA's default (None: one per core)."""
-  import ray
-
   if config.intra_op_threads is not None:
     return int(config.intra_op_threads)
-  cpus = float(ray.cluster_resources().get("CPU", 0.0))
-  return 1 if num_actors >= cpus else None
+  return 1 if num_actors >= _cluster_cpus() else None
 
 
 def step_cores(config: Config, threads: int | None) -> int:
   """Cores of its own that each worker pins its step to (0: none, the OS places it):
   ``threads`` when ``config.pin_compute`` is True, or (None) when XLA's pool is limited to
   ``threads`` and the cluster has CPUs to spare beyond ``threads`` per worker; 0 when False."""
-  import ray
-
   if config.pin_compute is False or threads is None:
     return 0
   if config.pin_compute:
     return threads
-  cpus = float(ray.cluster_resources().get("CPU", 0.0))
-  return threads if config.num_workers * threads < cpus else 0
+  return threads if config.num_workers * threads < _cluster_cpus() else 0
 
 
 def shard_nice(step_cores: int) -> int:
-  """The shards' priority decrease: 10 where the workers pin their step (``step_cores`` > 0).
-
-  A pinned worker's Python thread, which dispatches its next step, shares the unclaimed cores
-  with the shards; a shard applies a fold of messages in one burst of milliseconds, and XLA
-  idles on the worker's core if that burst delays the next dispatch. At a lower priority the
-  shards run in the time the workers' threads leave, which pinning only enables where the
-  cluster has cores to spare (measured in ``benchmarks/aladdin/ray_efficiency/RESULTS.md``).
-  """
+  """The shards' priority decrease: 10 where the workers pin their step (``step_cores`` > 0),
+  so that a shard's burst of work on a fold does not delay the next dispatch of a worker whose
+  Python thread shares the unclaimed cores with it."""
   return 10 if step_cores else 0
 
 

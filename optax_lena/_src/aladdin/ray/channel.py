@@ -1,26 +1,12 @@
 """A worker's messages to the PS shards on its own node, and their replies, through shared memory.
 
-A Ray call copies its inline arguments through gRPC: the caller serialises them, the callee
-parses and copies them. For a fold of a small model's messages (16 messages of a 12k-parameter
-CNN: 757 KiB) that costs each process several times what the call itself costs. So a worker
-whose shards all run on its node writes each fold into a :class:`Ring` of its own, a file in
-shared memory that the shards map too, and the call carries only a :class:`Rows` record: where
-the fold lies, which columns are the shard's, and where its replies go. The shards write the
-global slices they reply with into the same ring, and return only the number of replies and
-their alphas.
-
-The ring has one region per call in flight (``max_inflight``): a region is written only by the
-call that uses it, and used again only after every shard has answered that call and its replies
-have been copied out (the outbox's calls are released in order), so nothing in it is read and
-written at once. A shard reads its slice of the fold before it answers.
-
-Where it lives and when it goes: ``/dev/shm`` (memory, not disk), named after the run, reserved
-in full when it is created (a full ``/dev/shm`` then refuses the ring, and the worker uses
-Ray's calls, instead of failing later), and removed when the worker exits, by the driver on
-every node of the cluster when the run ends (a worker killed by ``ray.kill`` runs no finalizer),
-and at start-up, where a ring whose worker process has died is swept (:func:`sweep_stale`: a
-driver killed with SIGKILL takes its workers along and leaves their rings). :data:`MAX_BYTES`
-bounds each.
+A Ray call copies its inline arguments through gRPC, which for a fold of a small model's
+messages costs each process several times the call itself. So a worker whose shards all run on
+its node writes each fold into a :class:`Ring` of its own in ``/dev/shm``, which the shards map
+too, and the call carries only a :class:`Rows` record; a shard writes the slices it replies
+with into the same ring (``docs/ALADDIN-ray.md``, "Shared memory on one node", gives the ring's
+life cycle). A region is written only by the call that uses it and reused only once every shard
+has answered that call and its replies have been copied out.
 
 A shard maps only a regular file of its own user in that directory, never through a symbolic
 link: the record comes from another process, and the directory is shared by every local user.
@@ -118,20 +104,10 @@ def _remove(path: str) -> None:
 
 
 class Ring:
-  """A worker's ring: ``regions`` regions of ``rows`` messages and ``reply_rows`` replies.
-
-  Args:
-    run: the run's name (:func:`run_name`), which the driver removes its rings by.
-    worker: the worker's index.
-    regions: calls in flight.
-    rows: messages one call carries at most.
-    reply_rows: replies one call brings at most.
-    size: the length of a message (the flat model).
-    dtype: its dtype.
-
-  Raises:
-    OSError: the ring does not fit in shared memory (see :func:`open_ring`).
-  """
+  """Worker ``worker``'s ring of run ``run`` (:func:`run_name`, which the driver removes its
+  rings by): ``regions`` regions (calls in flight) of ``rows`` messages and ``reply_rows``
+  replies of ``size`` elements of ``dtype``. Raises ``OSError`` where it does not fit in shared
+  memory (see :func:`open_ring`)."""
 
   def __init__(
     self, run: str, worker: int, regions: int, rows: int, reply_rows: int, size: int, dtype: Any

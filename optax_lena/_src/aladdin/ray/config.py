@@ -118,65 +118,40 @@ def _resources(name: str, value: Mapping[str, float] | None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """How to train.
+  """How to train (``docs/ALADDIN-ray.md`` describes what each knob does to the run).
 
   Attributes:
     algorithm: the algorithm and its options, a spec of ``optax_lena.aladdin``
-      (``al.algorithm("aladdin", worker_tx=tx)``: the recommended recipe for everything not
-      given; ``al.algorithm("asp", server_tx=...)``, ...), or the name of one whose defaults
-      suffice. The same spec runs in the simulator.
+      (``al.algorithm("aladdin", worker_tx=tx)``), or the name of one whose defaults suffice.
     num_workers: n.
-    ps_shards: number of PS shard actors, exactly (memory-wise: the model, as one contiguous
-      buffer, is cut into ``ps_shards`` slices of equal size).
+    ps_shards: number of PS shard actors, exactly (the flat model cut into equal slices).
     slowdown: ``{worker: factor}``; that worker sleeps ``(factor - 1)`` times its compute time
-      every iteration, so that its iteration takes ``factor`` times longer.
-    checkpoint_dir: directory of the shards' Orbax checkpoints (None: no checkpoints). A run
-      started on a directory that holds checkpoints resumes from them. A relative path is made
-      absolute here, on the driver (the actors' working directories may differ).
-    checkpoint_every: a shard saves its state after the call that brings its global updates
-      since the last save to this many (a fold of several periods may make more than one).
+      every iteration.
+    checkpoint_dir: directory of the shards' Orbax checkpoints (None: none); a run started on
+      one that holds checkpoints resumes from them. Made absolute here, on the driver.
+    checkpoint_every: a shard saves after the call that brings its global updates since the
+      last save to this many.
     fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 8
-      periods; None: whole periods, as many as the worker's step computes in ``fold_seconds``,
-      timed at start-up and then over each chunk). The server still counts and applies them one
-      by one, in order (Algorithm 2 unchanged), and replies with every global update they
-      triggered; folding only saves Ray calls, which cost far more than a small model's
-      message, at the price of the first messages of a fold reaching g~ up to ``fold - 1``
-      steps later (as a slower network would).
-    fold_seconds: the compute time that a default ``fold`` spans (see ``fold``).
-    max_inflight: unanswered calls per worker and shard; beyond it an ALADDIN worker keeps
-      folding (up to 8 periods of messages in the next call), and waits only when that fold is
-      full too (back-pressure).
+      periods; None: whole periods, as many as its step computes in ``fold_seconds``).
+    fold_seconds: the compute time that a default ``fold`` spans.
+    max_inflight: unanswered calls per worker and shard before a worker folds, then waits.
     chunk_seconds: wall time of one worker call scheduled by the driver.
     seed: seeds the workers' data order.
     worker_resources: Ray custom resources every worker actor requires (placement).
     server_resources: Ray custom resources every shard / reducer / mailbox actor requires.
-    worker_gpus: accelerators Ray gives every worker actor (fractions share one device); the
-      worker's JAX then sees exactly those devices.
+    worker_gpus: accelerators Ray gives every worker actor (fractions share one device).
     server_gpus: accelerators of every shard actor.
-    deterministic: the driver runs one worker iteration at a time, round-robin, and each
-      iteration waits for the shards' replies: the message order, hence the result, does not
-      depend on timing (the multi-node test compares runs bit for bit).
-    worker_nice: the workers lower their CPU priority by this much (``os.nice``); None: by 5
-      when the cluster has fewer CPUs than actors, so that the PS shards, which a real cluster
-      gives cores of their own, are not starved by the workers.
+    deterministic: one worker iteration at a time, round-robin, each waiting for its replies:
+      the result does not depend on timing.
+    worker_nice: the workers' ``os.nice``; None: 5 when the cluster has fewer CPUs than actors.
     intra_op_threads: threads of every actor's XLA CPU pool; None: 1 when the cluster has no
-      more CPUs than actors (the actors' pools would only hand work to threads that wait for a
-      core), else XLA's default (one per core).
-    pin_compute: every worker runs its step (the thread that dispatches it and XLA's pool) on
-      ``intra_op_threads`` cores that it claims for itself on its node, and its other threads
-      (Ray's, the sender's) on the remaining cores; a worker that finds no free cores runs
-      unpinned (``Runtime.worker_infos()``: ``"cores"``). None: pin when the pool is limited
-      and the cluster has more CPUs than the workers' pools take.
-    recheck_messages: the PS shards also check every slice they receive for NaN and Inf. A
-      worker decides whether its message is finite inside the compiled step that makes it, on
-      the exact values it sends, and every shard applies that verdict (no pass of its own);
-      recheck where other code than this runtime's workers calls the shards, at the cost of one
-      pass over every message.
-    shared_memory: a worker whose PS shards all run on its node passes its messages and their
-      replies through a ring in shared memory that it and the shards map (``/dev/shm``), and
-      its Ray calls carry only where they lie: copying a fold of messages through a call costs
-      both processes several times the call itself. False, or where the shards run elsewhere
-      or the ring would not fit: the messages travel in the calls.
+      more CPUs than actors, else XLA's default.
+    pin_compute: every worker runs its step on ``intra_op_threads`` cores it claims on its node;
+      None: pin when the pool is limited and the cluster has CPUs to spare.
+    recheck_messages: the PS shards also check every slice they receive for NaN and Inf
+      instead of trusting the worker's verdict.
+    shared_memory: a worker whose PS shards all run on its node passes messages and replies
+      through a shared-memory ring; elsewhere, or False, they travel in the calls.
   """
 
   algorithm: Any = "aladdin"
@@ -222,10 +197,10 @@ class Config:
       raise ValueError("Config: SGP with overlap=0 cannot run the deterministic lockstep.")
     object.__setattr__(self, "algorithm", spec)
     object.__setattr__(self, "plan", iteration.plan(spec))
-    for name in ("num_workers", "ps_shards", "checkpoint_every"):
+    for name in ("num_workers", "ps_shards", "checkpoint_every", "max_inflight"):
       _positive(name, getattr(self, name), integer=True)
-    _positive("max_inflight", self.max_inflight, integer=True)
-    _positive("fold_seconds", self.fold_seconds)
+    for name in ("fold_seconds", "chunk_seconds"):
+      _positive(name, getattr(self, name))
     if self.fold is not None:
       _positive("fold", self.fold, integer=True)
       if self.fold > self.plan.max_fold:
@@ -233,11 +208,9 @@ class Config:
           f"Config: fold={self.fold} exceeds the {self.plan.max_fold} messages one call may "
           f"carry ({FOLD_PERIODS} periods of ALADDIN, 1 for the other algorithms)."
         )
-    _positive("chunk_seconds", self.chunk_seconds)
-    _positive("worker_gpus", self.worker_gpus, zero=True)
-    _positive("server_gpus", self.server_gpus, zero=True)
     for name in ("worker_gpus", "server_gpus"):
       gpus = getattr(self, name)
+      _positive(name, gpus, zero=True)
       if gpus > 1 and not float(gpus).is_integer():
         raise ValueError(f"Config: {name} above 1 must be a whole number, got {gpus!r}.")
     if self.intra_op_threads is not None:

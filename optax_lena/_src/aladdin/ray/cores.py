@@ -1,21 +1,11 @@
 """Where an actor's threads run: the size of XLA's CPU pool, and a worker's step on cores of its
-own.
+own (``docs/ALADDIN-ray.md``, "Cores", says why).
 
-A worker's step runs on XLA's threads while the worker's Python thread dispatches the next one
-and sends messages. Left to the OS on a node without spare cores, XLA's thread moves between
-cores and wakes up behind the worker's Python, sender and Ray threads or a PS shard, and a step
-takes longer than the same step in a plain loop. Pinned, XLA's threads have a core that nothing
-else of the runtime runs on, and everything else (the Python thread that dispatches included,
-so that its work overlaps the step instead of taking turns with it) runs on the other cores
-(measured in ``benchmarks/aladdin/ray_efficiency/RESULTS.md``).
-
-Which cores a worker takes is decided on its node, without the driver: a worker claims a free
-core by taking an exclusive ``flock`` on a per-core lock file, which the OS releases when the
-process ends (a crash or a restart included), so two pinned workers of any runtime on one machine
-never share a core, and the last core of the node is never claimed. The lock files live in a
-directory of the user's own (mode 0700, checked to be theirs and not a link) and are opened without
-following links: another local user can neither pre-create nor hold them, and any failure to open
-or lock one means only that the core is not claimable (logged; the worker runs unpinned).
+A worker claims a free core by taking an exclusive ``flock`` on a per-core lock file, which the
+OS releases when the process ends, so two pinned workers on one machine never share a core, and
+the last core of the node is never claimed. The lock files live in a directory of the user's own
+(mode 0700, checked to be theirs and not a link) and are opened without following links; any
+failure to open or lock one means only that the core is not claimable (logged).
 """
 
 from __future__ import annotations
@@ -36,11 +26,9 @@ def limit_intra_op_threads(threads: int | None) -> bool:
   """Starts this process's JAX CPU backend with ``threads`` intra-op threads; returns whether it
   did (False: no limit asked, no affinity control, or the backend already started).
 
-  XLA sizes its CPU thread pool by the CPUs this process may run on when the backend starts, and
-  has no flag for it. Where actors outnumber cores, a pool per actor only adds hand-offs between
-  threads that wait for a core (a small step costs more CPU and takes longer), so the backend is
-  started while the process is restricted to ``threads`` CPUs, then every thread of the process
-  gets the full set back: the pool keeps its size and the OS still places its threads freely.
+  XLA sizes its pool by the CPUs the process may run on when the backend starts (it has no flag
+  for it): the backend starts while the process is restricted to ``threads`` CPUs, then every
+  thread gets the full set back.
   """
   if threads is None or not hasattr(os, "sched_setaffinity"):
     return False
@@ -173,14 +161,11 @@ _held: list[CoreClaim] = []  # this process's claims, alive as long as the proce
 
 
 def pin_step(count: int, others: set[int], directory: Path | None = None) -> CoreClaim | None:
-  """Pins this process's step to ``count`` cores of its own.
-
-  Call it on the thread that dispatches the step, after the JAX backend has started: every
-  thread not in ``others`` and not the caller (XLA's, started with the backend) runs on the
-  claimed cores from then on; the threads in ``others`` (Ray's, started before) and the caller
-  on the remaining ones, where a thread started later inherits its creator's cores (the caller
-  joins the claimed cores if it computes the step itself: :func:`follow_the_step`). Returns
-  the claim, None (nothing pinned) if no ``count`` free cores were left.
+  """Pins this process's step to ``count`` cores of its own; call it on the thread that
+  dispatches the step, after the JAX backend has started. XLA's threads (all but ``others``,
+  Ray's, and the caller) run on the claimed cores, ``others`` and the caller on the remaining
+  ones (:func:`follow_the_step` moves the caller if it computes the step itself). Returns the
+  claim, or None (nothing pinned) if no ``count`` free cores were left.
   """
   claim = claim_cores(count, directory)
   if claim is None:
@@ -211,12 +196,9 @@ def thread_cpu_seconds() -> dict[int, float]:
 
 
 def follow_the_step(claim: CoreClaim, step: Callable[[], Any], calls: int = 10) -> bool:
-  """Moves the calling thread onto the claimed cores if it computes the step itself.
-
-  XLA:CPU runs a cheap computation inline in the thread that dispatches it and a larger one on
-  its own threads; the claimed cores belong to whichever computes. Runs ``step`` ``calls`` times
-  (its results discarded) and compares the CPU time the caller spent with that of the threads
-  on the claimed cores. Returns whether the caller moved.
+  """Moves the calling thread onto the claimed cores if it computes the step itself (XLA:CPU
+  runs a cheap computation inline): runs ``step`` ``calls`` times and compares the caller's CPU
+  time with that of the threads on the claimed cores. Returns whether the caller moved.
   """
   caller = threading.get_native_id()
   before = thread_cpu_seconds()

@@ -32,11 +32,8 @@ class Runtime:
   Args:
     task: what to train.
     config: how.
-    address: join this cluster (``"host:port"``); None starts a local one.
-    num_cpus: CPUs of a local node (None: all).
-    num_gpus: GPUs a local node advertises (None: those Ray detects).
-    resources: custom resources of a local node.
-    temp_dir: session directory root of a local node.
+    address, num_cpus, num_gpus, resources, temp_dir: the cluster to join or the local node to
+      start (:func:`~optax_lena._src.aladdin.ray.bootstrap.connect`).
     stall_timeout: seconds without any worker result before the cluster counts as lost.
   """
 
@@ -133,8 +130,6 @@ class Runtime:
       if waited > self.stall_timeout and not bootstrap.gcs_reachable():
         raise ClusterLostError("Lost the Ray cluster: its GCS does not accept connections.")
 
-  # -- context manager ----------------------------------------------------------------------
-
   def __enter__(self) -> Runtime:
     return self
 
@@ -170,8 +165,6 @@ class Runtime:
     self.signals.restore()
     self.signals.check()
 
-  # -- model access -------------------------------------------------------------------------
-
   def global_params(self, timeout: float | None = 60) -> PyTree:
     """The global model: the shards' x~ (ALADDIN, ASP, EASGD), worker 0's model (AR-SGD) or
     the average of the workers' de-biased models (SGP)."""
@@ -184,8 +177,6 @@ class Runtime:
   def worker_infos(self, timeout: float | None = 60) -> list[dict[str, Any]]:
     """Each worker's identity, totals, messages sent and devices."""
     return self._get([w.info.remote() for w in self.workers], timeout)
-
-  # -- running ------------------------------------------------------------------------------
 
   def _check(self, since_progress: float) -> None:
     self.signals.check()

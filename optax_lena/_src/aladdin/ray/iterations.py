@@ -2,13 +2,9 @@
 algorithm registry of ``optax_lena.aladdin`` (``entry(name).engine("ray")``).
 
 The worker math is the spec's program (``spec.program``, the simulator's too): an iteration only
-moves its messages (its transport: the outbox to the PS shards, the reducers or the mailbox),
-times them and compiles the program's pieces around the flat wire format. :meth:`iterate` runs
-one iteration and returns its compute / sleep / wait seconds. The classes also say what the
-driver starts for them (:meth:`Iteration.start_peers`) and where the global model is read
-(:meth:`Iteration.global_params`). A reply the worker adopts or merges (ALADDIN's
-``(x~, alpha)``, ASP's x~, EASGD's new local model) is merged at the start of the next step,
-inside the same compiled call (Eq. 3 between two steps).
+moves its messages, times them and compiles the program's pieces around the flat wire format.
+A reply the worker adopts or merges is merged at the start of the next step, inside the same
+compiled call (Eq. 3 between two steps).
 """
 
 from __future__ import annotations
@@ -48,21 +44,9 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
 
 @dataclasses.dataclass(eq=False)
 class Local:
-  """What an iteration runs on: the worker's program and its state, data and transport.
-
-  Attributes:
-    index: the worker's index.
-    program: the spec's worker program.
-    layout: the flat wire format.
-    state: the program's state.
-    batches: the worker's mini-batches.
-    transport: the outbox to the PS shards, :class:`ReducerLink` or :class:`MailboxLink`.
-    num_workers: n.
-    slowdown: the emulated straggler's factor (it sleeps ``slowdown - 1`` times its step).
-    iteration: iterations completed.
-    last_loss: the last step's loss (a device scalar).
-    merges: replies merged, models adopted or messages mixed so far.
-  """
+  """What an iteration runs on: the worker's program and its state, data and transport (the
+  outbox to the PS shards, :class:`ReducerLink` or :class:`MailboxLink`); ``slowdown``: the
+  emulated straggler's factor; ``merges``: replies merged, models adopted or messages mixed."""
 
   index: int
   program: Any
@@ -91,13 +75,8 @@ def _stats(compute: float, sleep: float, wait: float) -> Stats:
 
 class Iteration:
   """What every algorithm's iteration has (subclass per message pattern; ``@ad.runs(name)``
-  attaches one to an algorithm, or to a spec class for its registered subclasses).
-
-  A subclass implements :meth:`iterate` on ``self.local`` (a :class:`Local`: the program, its
-  state, the batches and the transport) and ``self.spec``; by default its workers talk to PS
-  shards, which the driver starts (:meth:`start_peers`) and reads the global model from
-  (:meth:`global_params`).
-  """
+  attaches one): :meth:`iterate` on ``self.local`` and ``self.spec``; by default its workers
+  talk to PS shards (:meth:`start_peers`, :meth:`global_params`)."""
 
   plain: Any  # the jitted local step without a merge: ``plain(state, batch)``
 
@@ -245,21 +224,20 @@ class Served(Iteration):
     local = self.local
     batch = next(local.batches)
     pending = self.take_pending()
+    fn, merged = (self.plain, ()) if pending is None else (self.merging, pending)
     t0 = time.perf_counter()
-    if pending is None:
-      local.state, flat, finite, local.last_loss = self.plain(local.state, batch)
-    else:
-      local.state, flat, finite, local.last_loss = self.merging(local.state, batch, *pending)
+    local.state, flat, finite, local.last_loss = fn(local.state, batch, *merged)
     return flat, finite, t0
 
-  def step(self) -> tuple[np.ndarray, bool, float]:
-    """The next step, waited for; returns the message, its finiteness and the compute
-    seconds."""
+  def step(self) -> tuple[np.ndarray, bool, float, float]:
+    """The next step, waited for, then the straggler's sleep; returns the message, its
+    finiteness and the compute and sleep seconds."""
     flat, finite, t0 = self.dispatch()
     # One executable: its message on the host means every output is ready (no walk over the
     # state's leaves to block on each).
     message, finite = np.asarray(flat), bool(finite)
-    return message, finite, time.perf_counter() - t0
+    compute = time.perf_counter() - t0
+    return message, finite, compute, self.local.sleep_for(compute)
 
   def exchange(self, message: np.ndarray, finite: bool) -> float:
     """Sends the message, waits for the answer and keeps it; returns the seconds waited."""
@@ -271,17 +249,11 @@ class Served(Iteration):
 
 @runs("aladdin")
 class AladdinIteration(Served):
-  """Algorithm 1: local step, push (no waiting: the outbox sends, folding while
-  ``max_inflight`` calls are unanswered), merge the replies that have arrived.
-
-  In a run until a deadline, the next ``STEPS_AHEAD`` steps are dispatched before this one's
-  message is read: XLA computes them while the worker's thread pushes the message and takes the
-  replies, which the next step dispatched merges (a reply is merged ``STEPS_AHEAD`` steps later
-  than between two waited-for steps; the order of messages and of merges is the same), and a
-  chunk completes its steps in flight before it returns. Steps are waited for where the order of
-  events must be exact (the deterministic schedule), where a run is bounded by a number of
-  iterations, and where the step's time must be known before the next one starts (an emulated
-  straggler sleeps in proportion to it).
+  """Algorithm 1: local step, push (no waiting: the outbox sends), merge the replies that have
+  arrived. In a run until a deadline, the next ``STEPS_AHEAD`` steps are dispatched before this
+  one's message is read (``docs/ALADDIN-ray.md``, "Cores"); steps are waited for in the
+  deterministic schedule, in a run bounded by iterations and for an emulated straggler (it
+  sleeps in proportion to its step's time).
   """
 
   @staticmethod
@@ -300,9 +272,7 @@ class AladdinIteration(Served):
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     if sync or deadline is None or self.local.slowdown > 1.0:
-      message, finite, compute = self.step()
-      sleep = self.local.sleep_for(compute)
-      return self._send(message, finite, compute, sleep, sync)
+      return self._send(*self.step(), sync)
     while len(self.inflight) < STEPS_AHEAD:
       self.inflight.append(self.dispatch())
     return self._complete(ahead=True)
@@ -313,13 +283,8 @@ class AladdinIteration(Served):
 
   def _complete(self, ahead: bool) -> Stats:
     """Reads the message of the oldest step in flight (dispatching the next one first if
-    ``ahead``) and sends it.
-
-    Its compute seconds run from its dispatch, or from the previous message if that came later,
-    to its message, less the back-pressure wait in between: the step computes throughout that
-    time unless the worker's own work (sending, taking replies, the next batch) takes longer
-    than a step, which the wait-free loop keeps short.
-    """
+    ``ahead``) and sends it. Its compute seconds run from its dispatch, or from the previous
+    message if that came later, to its message, less the back-pressure wait in between."""
     flat, finite, dispatched = self.inflight.popleft()
     if ahead:
       self.inflight.append(self.dispatch())
@@ -348,8 +313,7 @@ class ExchangeIteration(Served):
   ``spec.exchange_every``-th, send its message, wait for the answer and apply it."""
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    message, finite, compute = self.step()
-    sleep = self.local.sleep_for(compute)
+    message, finite, compute, sleep = self.step()
     exchange = (self.local.iteration + 1) % self.spec.exchange_every == 0
     return _stats(compute, sleep, self.exchange(message, finite) if exchange else 0.0)
 

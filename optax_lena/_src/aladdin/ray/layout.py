@@ -1,11 +1,6 @@
 """The wire format: a model, gradient or update as ONE contiguous 1-D buffer, cut into exactly
-``num_shards`` slices of (nearly) equal size, one per parameter-server shard.
-
-One buffer per message instead of one object per leaf: Ray serialises one array per call, and
-the server's functions run on one flat array (one fused pass, whatever the number of leaves).
-Cutting the buffer into equal slices is the paper's memory-wise sharding (Section 3.3) with the
-shard size ``ceil(bytes / num_shards)``: a leaf larger than a slice is split across shards, and
-the number of shards is exactly the one asked for.
+``num_shards`` slices of (nearly) equal size, one per parameter-server shard (the paper's
+memory-wise sharding; ``docs/ALADDIN-ray.md``, "The wire format").
 """
 
 from __future__ import annotations
@@ -47,8 +42,6 @@ class FlatLayout:
     self.bounds = [round(k * self.size / num_shards) for k in range(num_shards + 1)]
     self.shard_sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False)]
 
-  # -- inside jit (jax.numpy) ---------------------------------------------------------------
-
   def ravel(self, tree: PyTree, xp: Any = None) -> Any:
     """The tree as one vector of ``self.dtype`` (traceable; ``xp=np``: in NumPy, on the host)."""
     import jax
@@ -78,8 +71,6 @@ class FlatLayout:
     if self.num_shards == 1:
       return per_shard[0]
     return jnp.repeat(per_shard, np.asarray(self.shard_sizes), total_repeat_length=self.size)
-
-  # -- on the host (numpy) ------------------------------------------------------------------
 
   def to_vector(self, tree: PyTree) -> np.ndarray:
     """:meth:`ravel` in NumPy (the driver's and the restarts' copy of a model)."""

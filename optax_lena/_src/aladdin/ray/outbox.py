@@ -1,14 +1,7 @@
-"""A worker's messages to the PS shards, sent by a thread of their own.
-
-The worker's loop only queues a message (one contiguous vector) and picks up the replies that
-have arrived; a sender thread makes the Ray calls, so that their cost overlaps the next local
-step (XLA releases the GIL while it computes) instead of adding to it. The sender folds every
-queued message (up to ``max_fold``) into one call per shard while ``max_inflight`` calls are
-unanswered, and replies are collected by completion callbacks, in call order: no polling.
-One call carries the same messages' slices to every shard; Ray runs one caller's calls on a
+"""A worker's messages to the PS shards, sent by a thread of their own, so that the Ray calls
+overlap the next local step (``docs/ALADDIN-ray.md``, "ALADDIN worker iteration"). One call
+carries the same messages' slices to every shard, and Ray runs one caller's calls on a
 synchronous actor in order, so every shard sees a worker's messages in the order it sent them.
-Where the shards run on the worker's node, a call's messages and replies go through the
-worker's shared-memory ring (:mod:`.channel`) and the call carries where they lie.
 """
 
 from __future__ import annotations
@@ -28,9 +21,7 @@ class Outbox:
   """Queues messages, sends them in folded calls, returns the replies in order.
 
   Args:
-    worker: the sender's index.
-    shards: the shard actors.
-    layout: the flat layout (the shards' slices).
+    worker, shards, layout: the sender's index, the shard actors and the flat layout.
     max_inflight: unanswered calls before messages are folded instead of sent.
     max_fold: messages in one call; a worker that has this many queued behind
       ``max_inflight`` unanswered calls waits (back-pressure).
@@ -144,10 +135,12 @@ class Outbox:
           self.sent[s] += len(batch)
         self.calls += 1
       except BaseException as err:
-        with self._cond:
-          self._error = err
-          self._cond.notify_all()
-        return
+        return self._fail(err)
+
+  def _fail(self, err: BaseException) -> None:
+    with self._cond:
+      self._error = err
+      self._cond.notify_all()
 
   def _parts(self, call: int, batch: list[tuple[np.ndarray, bool]]) -> list[Any]:
     """What a call carries to each shard: its slices of the messages, or their rows in the
@@ -168,10 +161,7 @@ class Outbox:
         assert self.ring is not None and isinstance(part, Rows)
         reply = (self.ring.replies_of(part, len(reply[1])), reply[1])
     except BaseException as err:
-      with self._cond:
-        self._error = err
-        self._cond.notify_all()
-      return
+      return self._fail(err)
     with self._cond:
       self._slots[call][shard] = reply
       while len(self._slots.get(self._next_release, ())) == len(self.shards):

@@ -70,38 +70,29 @@ class ServerShard:
       jax.block_until_ready(self._receive(_own(self.state), zeros, np.zeros(k, bool), np.int32(0)))
 
   def receive(self, worker: int, messages: Any, finite: np.ndarray) -> Any:
-    """Applies ``k`` messages of ``worker`` in order (``messages[k, slice]``, or a
+    """Applies ``k`` messages of ``worker`` in order: ``messages[k, slice]``, or a
     :class:`~optax_lena._src.aladdin.ray.channel.Rows` record of where they lie in the worker's
-    shared-memory ring; ``finite[k]`` the sender's verdict on each whole message, so that a NaN
-    in another shard's slice makes every shard reject it and their counters stay equal).
+    ring; ``finite[k]``, the sender's verdict on each whole message.
 
     Returns:
-      None, or ``(global slices[n], alphas[n])`` when ``n`` messages triggered a reply (ALADDIN's
-      global update, ASP's step, EASGD's exchange: then the worker's new slice), in order; for
-      messages read from a ring, ``(None, alphas[n])``, the slices written into the ring's reply
-      rows. A message of the wrong shape or dtype, or from an unknown worker, is rejected and
-      counted, never applied.
+      None, or ``(global slices[n], alphas[n])`` when ``n`` messages triggered a reply, in
+      order (from a ring: ``(None, alphas[n])``, the slices written into its reply rows). A
+      malformed message, or one from an unknown worker, is counted and never applied.
     """
     self.counts["calls"] += 1
     rows = messages if isinstance(messages, channel.Rows) else None
     if rows is not None and not self.rings.valid(rows):
-      count = rows.count if isinstance(rows.count, int) and rows.count > 0 else 1
-      self.counts["received"] += count
-      self.counts["rejected_malformed"] += count
-      return None
+      return self._reject(rows.count if isinstance(rows.count, int) and rows.count > 0 else 1)
     if rows is not None:
       try:
         messages = self.rings.read(rows)
       except channel.RingError:  # a planted file: refused like a malformed message
-        self.counts["received"] += rows.count
-        self.counts["rejected_malformed"] += rows.count
-        return None
+        return self._reject(rows.count)
     messages = np.asarray(messages)
     if messages.ndim == 1:
       messages = messages[None]
     finite = np.asarray(finite, bool).reshape(-1)
     k = messages.shape[0]
-    self.counts["received"] += k
     if (
       messages.ndim != 2
       or messages.shape[1] != self.size
@@ -110,8 +101,8 @@ class ServerShard:
       or not 1 <= k <= self.max_fold
       or not 0 <= int(worker) < self.config.num_workers
     ):
-      self.counts["rejected_malformed"] += k
-      return None
+      return self._reject(k)
+    self.counts["received"] += k
     # The ring's rows are read (and the fold applied) before the reply, which frees them.
     blocks: list[tuple[np.ndarray, np.ndarray]] = []
     for a in range(0, k, self.block):
@@ -136,7 +127,10 @@ class ServerShard:
       return None, alphas
     return params, alphas
 
-  # -- checkpoints --------------------------------------------------------------------------
+  def _reject(self, count: int) -> None:
+    """Counts ``count`` malformed messages, received and never applied."""
+    self.counts["received"] += count
+    self.counts["rejected_malformed"] += count
 
   def _open_checkpoints(self) -> None:
     import jax
@@ -164,8 +158,6 @@ class ServerShard:
       self.num_checkpoints += 1
     self.since_checkpoint = 0
     return updates
-
-  # -- inspection ---------------------------------------------------------------------------
 
   def params(self) -> tuple[np.ndarray, int]:
     """The global slice x~ and the number of global updates so far."""

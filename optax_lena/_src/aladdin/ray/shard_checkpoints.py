@@ -1,13 +1,9 @@
 """The parameter-server shards' Orbax checkpoints, each step sealed by a digest.
 
-Shard ``k`` saves into ``<checkpoint_dir>/shard_<k>/<global updates>`` and writes the step's
-``digest.json`` once Orbax has finished (:mod:`optax_lena._src.checkpoint_digest`). Before any
-actor starts, the driver checks every shard's steps against their digests (:func:`agree`): a
-damaged or incomplete step is named in a warning and moved out of Orbax's directory, and the
-newest update count intact in *every* shard is the one resumed, so that the global model's
-slices come from one moment; newer steps of some shards are set aside too. A shard that Ray
-restarts mid-run restores its newest intact step (:func:`restore`), falling back to an older
-one with a warning.
+Shard ``k`` saves into ``<checkpoint_dir>/shard_<k>/<global updates>``, then the step's
+``digest.json`` (:mod:`optax_lena._src.checkpoint_digest`). The driver resumes every shard from
+the newest step intact in all of them (:func:`agree`), a shard restarted mid-run from its newest
+intact one (:func:`restore`); ``docs/ALADDIN-ray.md`` ("Faults") says what is set aside where.
 """
 
 from __future__ import annotations

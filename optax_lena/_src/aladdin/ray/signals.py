@@ -1,13 +1,10 @@
 """SIGINT / SIGTERM in the driver: remembered, so that no Ray internal can swallow them.
 
-Python runs a signal handler in the main thread between two bytecodes; the ``KeyboardInterrupt``
-it raises can land in code that does not pass it on (a finaliser such as an object reference's
-``__del__``, which CPython reports as "Exception ignored", or a library's catch-all), and the
-run then carries on as if nothing had happened: the race behind an interrupted driver that
-trained to the end and exited 0. Here the handler records the signal before raising, and the
-driver checks that record after every wait (:meth:`StopSignals.check`), so the stop always
-happens, within one scheduler pass. Inside :meth:`StopSignals.deferred` (``ray.init``,
-shutdown) the handler only records: a second Ctrl-C cannot cut the clean-up short.
+A ``KeyboardInterrupt`` can land in code that does not pass it on (a finaliser, a library's
+catch-all), and the run would carry on. Here the handler records the signal before raising, and
+the driver checks that record after every wait (:meth:`StopSignals.check`). Inside
+:meth:`StopSignals.deferred` (``ray.init``, shutdown) the handler only records: a second Ctrl-C
+cannot cut the clean-up short.
 """
 
 from __future__ import annotations
@@ -24,13 +21,9 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def disarm_crash_alarm(signum: int) -> None:
-  """After SIGTERM: cancels the abort that Ray's C++ crash handler armed for it.
-
-  Ray installs absl's failure-signal handler in the driver; it sees SIGTERM before Python does,
-  prints a stack trace, arms ``alarm(3)`` with SIGALRM set to abort (meant for a crash that
-  hangs) and passes the signal on. Left armed, a clean shutdown that takes longer than 3 s (a
-  loaded machine) ends in SIGABRT instead of exit code 143. SIGALRM gets back the handler
-  Python knows of (the default unless the program set one)."""
+  """After SIGTERM: cancels the abort that Ray's C++ crash handler armed for it (``alarm(3)``
+  with SIGALRM set to abort), so that a clean shutdown longer than 3 s still exits with 143;
+  SIGALRM gets back the handler Python knows of."""
   if signum != signal.SIGTERM or threading.current_thread() is not threading.main_thread():
     return
   signal.alarm(0)

@@ -21,19 +21,10 @@ from optax_lena._src.aladdin.ray.schedulers import TOTALS
 
 
 class WorkerActor:
-  """Worker ``index`` (a Ray actor; plain class here).
-
-  Args:
-    index: the worker's index.
-    task: what to train.
-    config: how.
-    shards: the PS shard actors (ALADDIN, ASP, EASGD).
-    peers: AR-SGD's reducers (one per shard) or SGP's mailbox.
-    nice: CPU priority decrease (``os.nice``).
-    threads: XLA's intra-op threads (None: its default).
-    cores: cores of its own to pin the step to (0: none; :mod:`.cores`).
-    run: the run's name, which its shared-memory ring is named after (:mod:`.channel`).
-  """
+  """Worker ``index`` (a Ray actor; plain class here): ``shards``, the PS shard actors;
+  ``peers``, AR-SGD's reducers or SGP's mailbox; ``nice``, its ``os.nice``; ``threads``, XLA's
+  intra-op threads; ``cores``, cores of its own to pin the step to (0: none); ``run``, the run's
+  name, which its shared-memory ring is named after."""
 
   def __init__(
     self,
@@ -68,9 +59,7 @@ class WorkerActor:
     plan = config.plan
     self.outbox: Outbox | None = None
     if self.shards:
-      ring = None
-      if config.shared_memory:
-        ring = self._open_ring(run, plan.max_fold, plan.reply_slots)
+      ring = self._open_ring(run, plan.max_fold, plan.reply_slots) if config.shared_memory else None
       self.outbox = Outbox(
         index,
         self.shards,
@@ -85,10 +74,7 @@ class WorkerActor:
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
     # A worker (re)starts from the current global model: after a restart by Ray it resumes the
     # training where the cluster is, not from the initial parameters.
-    self.start_updates = 0
-    params = task.init_params
-    if self.shards:
-      params, self.start_updates = self._fetch_global()
+    params, self.start_updates = self._fetch_global() if self.shards else (task.init_params, 0)
     program = config.spec.program(task.loss_fn, config.num_workers)
     transport: Any = self.outbox
     if peers and config.spec.synchronous:
@@ -151,14 +137,13 @@ class WorkerActor:
     vector = self.layout.join([p for p, _ in replies])
     return self.layout.to_tree(vector), min(n for _, n in replies)
 
-  # -- what the driver calls ------------------------------------------------------------------
-
-  def _counted(self, stats: dict[str, float]) -> dict[str, float]:
-    """One iteration's statistics, counted unless it was skipped."""
-    if not stats.pop("skipped", 0.0):
+  def _count(self, stats: dict[str, Any], one: dict[str, float]) -> None:
+    """Adds one iteration's statistics to the chunk's (its iteration unless it was skipped)."""
+    if not one.pop("skipped", 0.0):
       self.local.iteration += 1
-      stats["iterations"] = 1
-    return stats
+      one["iterations"] = 1
+    for key, value in one.items():
+      stats[key] += value
 
   def run(
     self,
@@ -178,11 +163,9 @@ class WorkerActor:
       or (max_seconds is not None and time.perf_counter() - start >= max_seconds)
       or (max_iterations is not None and stats["iterations"] >= max_iterations)
     ):
-      for key, value in self._counted(self.algorithm.iterate(sync, deadline)).items():
-        stats[key] += value
+      self._count(stats, self.algorithm.iterate(sync, deadline))
     while (last := self.algorithm.finish()) is not None:  # a chunk leaves no step in flight
-      for key, value in self._counted(last).items():
-        stats[key] += value
+      self._count(stats, last)
     stats["busy_s"] = time.perf_counter() - start
     for key in TOTALS:
       self.totals[key] += stats[key]

@@ -1,9 +1,5 @@
-"""The cost model of the ALADDIN cluster simulator: who computes how fast, what a message costs.
-
-Plain Python arithmetic on seconds and bytes (no JAX): the simulator asks a :class:`Cluster` how
-long a worker's iteration, a message, a parameter-server (PS) pass or a ring all-reduce takes.
-Its assumptions are stated with the :class:`Cluster` fields and discussed in ``docs/ALADDIN.md``
-(section 5, "Cost model").
+"""The cost model of the ALADDIN cluster simulator (plain arithmetic on seconds and bytes, no
+JAX); ``docs/ALADDIN.md`` (section 5, "Cost model") states and discusses its assumptions.
 """
 
 from __future__ import annotations
@@ -24,24 +20,18 @@ class Cluster:
   """A simulated cluster: per-worker speeds, network and parameter-server costs.
 
   Attributes:
-    compute_time: seconds per iteration of each worker (slowdowns included); its length is the
-      number of workers n.
+    compute_time: seconds per iteration of each worker (its length is n).
     bandwidth: bytes per second of every NIC, in each direction (10 Gb/s = 1.25e9).
     latency: seconds a message spends on the wire, and per step of the ring all-reduce.
-    ps_cost_per_byte: seconds a PS shard spends per byte it processes (one pass for every
-      message, one more for a global update).
-    num_shards: PS shards (processes), each serving its slice of every message serially.
+    ps_cost_per_byte: seconds a PS shard spends per byte (twice that for a global update).
+    num_shards: PS shards, each serving its slice of every message serially.
     workers_per_machine: workers sharing one NIC (the paper: 2 GPUs per machine).
-    ps_colocated: the PS shards run on the worker machines (shard s on machine s mod m) and
-      share their NICs; else every shard has a NIC of its own.
-    ps_bandwidth: bytes per second of the PS shards' own NICs (None: ``bandwidth``; unused when
-      ``ps_colocated``). One fast PS NIC can stand for the aggregate of several shards.
-    jitter: each iteration's compute time is ``compute_time[i] * (1 + jitter * u)`` with u
-      uniform in [-1, 1), drawn from a generator seeded by (seed, worker): deterministic, but
-      workers of equal speed drift out of phase, as on a real cluster (0: exact times).
-    send_buffer: how many of its messages a worker that does not wait for answers (ALADDIN) may
-      have queued on its uplink; with that many still queued it waits until the oldest has
-      left before sending the next (a send buffer). None: unbounded, the worker never waits.
+    ps_colocated: the PS shards run on the worker machines (shard s on machine s mod m).
+    ps_bandwidth: bytes per second of the PS shards' own NICs (None: ``bandwidth``).
+    jitter: each iteration takes ``compute_time[i] * (1 + jitter * u)``, u uniform in [-1, 1)
+      from a generator seeded by (seed, worker) (0: exact times).
+    send_buffer: messages an ALADDIN worker may have queued on its uplink before it waits for
+      the oldest to leave (None: unbounded).
   """
 
   compute_time: tuple[float, ...]
@@ -188,16 +178,8 @@ PAPER_MODELS: dict[str, ModelSize] = {
 
 def calibrated_compute_time(model: ModelSize, paper_speedup: float, cluster: Cluster) -> float:
   """The compute time for which the ring all-reduce model gives the paper's AR-SGD HO
-  speed-up: ``n c / (c + t_ar) = s`` -> ``c = s t_ar / (n - s)``.
-
-  Args:
-    model: the model (its bytes set the all-reduce time).
-    paper_speedup: the paper's AR-SGD speed-up on the homogeneous cluster.
-    cluster: the cluster (n, bandwidth, latency).
-
-  Returns:
-    Seconds per iteration.
-  """
+  speed-up ``s`` (``paper_speedup``) on ``cluster``: ``n c / (c + t_ar) = s`` -> ``c = s t_ar /
+  (n - s)``, ``t_ar`` the all-reduce time of ``model``'s bytes (seconds per iteration)."""
   n = cluster.num_workers
   return paper_speedup * cluster.allreduce_time(model.nbytes) / (n - paper_speedup)
 
@@ -218,10 +200,8 @@ def paper_cluster(
     slowdown: worker 0's slowdown factor (``PAPER_SLOWDOWNS``).
     num_workers: n (8 in the paper).
     num_shards: PS shards (one per machine by default).
-    ps_cost_per_byte: PS processing cost (0.5 ns/byte = 2 GB/s of gradient per shard, a CPU
-      parameter server deserialising and summing float32).
-    send_buffer: messages an ALADDIN worker may have queued on its uplink (1: it waits for its
-      previous gradient to have left before pushing the next; None: unbounded).
+    ps_cost_per_byte: PS processing cost (0.5 ns/byte: 2 GB/s of gradient per shard).
+    send_buffer: messages an ALADDIN worker may have queued on its uplink (None: unbounded).
 
   Returns:
     The :class:`Cluster`.

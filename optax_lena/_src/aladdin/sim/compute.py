@@ -1,11 +1,6 @@
-"""What the simulated workers and servers compute.
-
-:class:`Compute` is the timing-only mode: every computation does nothing and returns None (the
-messages carry sizes only). :class:`Training` owns the jitted pieces of one algorithm on one
-problem for ``n`` workers: the spec's worker program (``spec.program``, the one the Ray runtime
-runs too) and its server, compiled once for as long as the
-:class:`~optax_lena._src.aladdin.sim.simulator.Simulator` that made it lives; it holds the run's
-state (the server's, and each worker's program state in its record).
+"""What the simulated workers and servers compute: nothing in the timing-only mode
+(:class:`Compute`), or the spec's worker program and server on a problem (:class:`Training`,
+compiled once for as long as its simulator lives).
 """
 
 from __future__ import annotations
@@ -25,17 +20,9 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Problem:
-  """A training problem for the simulator (arrays on the host; batches drawn per worker).
-
-  Attributes:
-    params: the initial parameters (every worker and the PS start from them).
-    loss_fn: ``loss_fn(params, (x, y)) -> scalar`` (mean over the batch).
-    accuracy_fn: ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1].
-    x_train: training inputs.
-    y_train: training labels.
-    x_test: test inputs.
-    y_test: test labels.
-  """
+  """A training problem for the simulator (arrays on the host; batches drawn per worker):
+  ``params``, where every worker and the PS start; ``loss_fn(params, (x, y)) -> scalar`` (mean
+  over the batch); ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1]."""
 
   params: PyTree
   loss_fn: Callable[[PyTree, Any], Any]
@@ -169,7 +156,6 @@ class Training(Compute):
     self.y_test = jnp.asarray(problem.y_test)
     loss_fn, accuracy_fn = problem.loss_fn, problem.accuracy_fn
     self.eval_fn = jax.jit(lambda p, x, y: (loss_fn(p, (x, y)), accuracy_fn(p, (x, y))))
-    self.mean_models = jax.jit(_mean_models)
     program = self.program = spec.program(loss_fn, num_workers)
     self.step_fn, self.apply_fn = jax.jit(program.step), jax.jit(program.apply)
     self.mean_params = jax.jit(lambda states: _mean_models([program.params(s) for s in states]))

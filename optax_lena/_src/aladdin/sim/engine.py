@@ -1,9 +1,5 @@
-"""The simulator's event engine, its per-worker record and the base of every algorithm's process.
-
-Everything here is timing: when a worker computes, when a message leaves, crosses the wire and
-is received, when a parameter-server (PS) shard is free. What the computations do is the
-business of the process's compute object (:mod:`optax_lena._src.aladdin.sim.compute`), which in
-the timing-only mode does nothing.
+"""The simulator's event engine, its per-worker record and the base of every algorithm's process:
+timing only (what is computed is the compute object's, :mod:`.compute`).
 """
 
 from __future__ import annotations
@@ -59,12 +55,9 @@ class Engine:
   def send(
     self, src: int, dst: int, nbytes: float, on_arrival: Callable[..., None], *args: Any
   ) -> float:
-    """A message from NIC ``src`` to NIC ``dst``: uplink now (FIFO), wire latency, downlink
-    FIFO in the order the messages reach the receiver; ``on_arrival(*args)`` at the end.
-    Returns the time the message has left the sender's uplink.
-
-    Two endpoints on one machine (a worker and a co-located PS shard) exchange messages through
-    memory: no NIC, no latency, arrival now."""
+    """A message from NIC ``src`` to NIC ``dst`` (uplink FIFO, wire latency, downlink in arrival
+    order; the same NIC: through memory, now); ``on_arrival(*args)`` at the end. Returns when
+    it has left the sender's uplink."""
     if src == dst:
       self.at(self.now, on_arrival, *args)
       return self.now
@@ -98,17 +91,9 @@ class Engine:
 
 @dataclasses.dataclass(eq=False)
 class SimWorker:
-  """Everything the simulator knows about one worker (a process may add fields).
-
-  Attributes:
-    index: the worker's index i.
-    jitter: its compute-time jitter generator, seeded by (seed, i, 1).
-    iterations: iterations it completed.
-    wait: simulated seconds it spent idle.
-    messages: messages it sent.
-    idle_since: when it last stopped computing.
-    model: its training state, owned by the compute object (None in the timing-only mode).
-  """
+  """Everything the simulator knows about one worker (a process may add fields): ``jitter``,
+  its compute-time generator, seeded by (seed, i, 1); ``wait``, simulated seconds it spent idle;
+  ``model``, its training state, owned by the compute object (None in the timing-only mode)."""
 
   index: int
   jitter: np.random.Generator
@@ -120,13 +105,10 @@ class SimWorker:
 
 
 class Process:
-  """One algorithm's message pattern on a cluster (subclass per algorithm).
-
-  A subclass sets ``worker_type`` (its :class:`SimWorker` record), implements :meth:`computed`
-  (a worker finished an iteration) and the handlers it schedules, and calls the compute object
-  for every computation; ``@sim.simulates(name)`` attaches it to an algorithm (or to a spec
-  class, for every registered subclass).
-  """
+  """One algorithm's message pattern on a cluster (subclass per algorithm, attached by
+  ``@sim.simulates``): it sets ``worker_type`` (its :class:`SimWorker` record), implements
+  :meth:`computed` and the handlers it schedules, and calls the compute object for every
+  computation."""
 
   worker_type: ClassVar[type[SimWorker]] = SimWorker
   # The handlers of a process that talks to PS shards (see :meth:`to_shards`).
@@ -160,7 +142,6 @@ class Process:
     self.eval_every = (num_samples / num_evals) if num_samples and num_evals > 0 else math.inf
     self.next_eval = self.eval_every
 
-  # -- hooks of the algorithms --------------------------------------------------------------
   def start(self) -> None:
     """Schedules the first events (default: every worker starts computing)."""
     for worker in self.workers:
@@ -170,12 +151,19 @@ class Process:
     """``worker`` (a ``worker_type`` record) has finished computing an iteration."""
     raise NotImplementedError
 
-  # -- shared -------------------------------------------------------------------------------
   def compute_time(self, worker: SimWorker) -> float:
     base = self.cluster.compute_time[worker.index]
     if not self.cluster.jitter:
       return base
     return base * (1.0 + self.cluster.jitter * (2.0 * worker.jitter.random() - 1.0))
+
+  def computed_step(self, worker: SimWorker, step: bool = True) -> Any:
+    """Books the end of ``worker``'s computation (idle from now on) and, if ``step``, returns
+    the message of its local step."""
+    self.engine.log("compute", worker.index)
+    worker.iterations += 1
+    worker.idle_since = self.engine.now
+    return self.compute.step(worker) if step else None
 
   def begin(self, worker: SimWorker) -> None:
     """``worker`` starts an iteration now (its idle time since ``idle_since`` counts as

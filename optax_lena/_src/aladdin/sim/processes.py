@@ -42,10 +42,7 @@ class AladdinProcess(Process):
 
   def computed(self, w: AladdinWorker) -> None:
     e = self.engine
-    e.log("compute", w.index)
-    w.iterations += 1
-    message = self.compute.step(w)
-    w.idle_since = e.now
+    message = self.computed_step(w)
     # A bounded send buffer: with `send_buffer` messages still queued on its uplink, the worker
     # waits until the oldest has left (never the case when the links keep up).
     w.leaving = [t for t in w.leaving if t > e.now]
@@ -57,7 +54,6 @@ class AladdinProcess(Process):
 
   def push(self, w: AladdinWorker, message: Any) -> None:
     e = self.engine
-    # Push the message (each shard its slice); do not wait for an answer.
     w.messages += 1
     w.leaving.append(self.to_shards(w, message))
     # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
@@ -100,9 +96,7 @@ class ArSgdProcess(Process):
 
   def computed(self, w: SimWorker) -> None:
     e = self.engine
-    e.log("compute", w.index)
-    w.iterations += 1
-    w.idle_since = e.now
+    self.computed_step(w, step=False)
     self.arrived += 1
     if self.arrived == self.n:
       self.arrived = 0
@@ -130,11 +124,7 @@ class ExchangeProcess(Process):
   worker_type = SymmetricWorker
 
   def computed(self, w: SymmetricWorker) -> None:
-    e = self.engine
-    e.log("compute", w.index)
-    w.iterations += 1
-    message = self.compute.step(w)
-    w.idle_since = e.now
+    message = self.computed_step(w)
     self.count_samples(self.batch_size)
     if w.iterations % self.spec.exchange_every:
       self.begin(w)
@@ -177,10 +167,8 @@ class SgpProcess(Process):
 
   def computed(self, w: SgpWorker) -> None:
     e = self.engine
-    e.log("compute", w.index)
     k = w.iterations
-    w.iterations += 1
-    message = self.compute.step(w)
+    message = self.computed_step(w)
     w.messages += 1
     peer = self.workers[self.gossip.peer(w.index, k)]
     e.send(
@@ -193,7 +181,6 @@ class SgpProcess(Process):
       message,
     )
     self.count_samples(self.batch_size)
-    w.idle_since = e.now
     if k == 0:
       self.begin(w)
     else:

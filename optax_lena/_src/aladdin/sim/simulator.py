@@ -1,12 +1,7 @@
-"""A deterministic discrete-event simulator of a training cluster, for ALADDIN and its baselines.
-
-It runs the real JAX computations of n workers and of the parameter server (PS) in the order a
-cluster with the given speeds would produce them, and reports accuracy against *simulated* wall
-time; with ``problem=None``, only the timing (messages carry sizes only). Events run in
-``(time, sequence number)`` order, so a run is a pure function of its inputs. The pieces: the
-cost model (:mod:`.cluster`), the event engine and the per-worker record (:mod:`.engine`), one
-process per message pattern (:mod:`.processes`) and what is computed (:mod:`.compute`: the
-specs' worker programs and servers). ``docs/ALADDIN.md`` (section 5) describes the model.
+"""A deterministic discrete-event simulator of a training cluster, for ALADDIN and its baselines
+(``docs/ALADDIN.md``, section 5): the cost model (:mod:`.cluster`), the event engine
+(:mod:`.engine`), one process per message pattern (:mod:`.processes`) and what is computed
+(:mod:`.compute`).
 """
 
 from __future__ import annotations
@@ -89,11 +84,9 @@ class SimResult:
 
 
 class Simulator:
-  """One algorithm on one problem (or timing only), runnable on any cluster, many times.
-
-  It owns the algorithm's jitted functions (one compute object per number of workers), so
-  that runs of one simulator compile once and nothing outlives it; :func:`simulate` is one
-  run of a fresh simulator.
+  """One algorithm on one problem (or timing only), runnable on any cluster, many times: it
+  keeps the jitted functions (one compute object per number of workers), so that its runs
+  compile once.
 
   Args:
     alg: the algorithm's spec (:func:`algorithm`).
