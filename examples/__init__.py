@@ -15,9 +15,9 @@ The kit: what the benchmarks and the notebook may import from ``examples`` (noth
 * ``examples.metrics``: ``metrics.jsonl`` / ``config.json`` writing and reading.
 * ``examples.analysis``: iterations to target and the plots.
 * ``examples.checkpoints``: Orbax checkpoints of a train state and its data position.
-* ``examples.lena``: the trainer's public entry, ``train_and_evaluate(config, workdir)``, its
-  ``Config`` / ``ConfigError`` / ``TrainState`` and ``get_config`` / ``override`` /
-  ``available_configs`` (see ``examples/lena/__init__.py``).
+* ``examples.lena``: the trainer's public entry, ``train_and_evaluate(config, workdir)`` and
+  ``evaluate_split(config, state, split)``, its ``Config`` / ``ConfigError`` / ``TrainState``
+  and ``get_config`` / ``override`` / ``available_configs`` (see ``examples/lena/__init__.py``).
 """
 
 KIT = (

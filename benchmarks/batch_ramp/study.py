@@ -141,9 +141,9 @@ def crossing(evals: Sequence[Sequence[float]], target: float) -> float | None:
 
 
 def base_config(setup: Setup, seed: int) -> Any:
-  from examples.lena import configs
+  from examples import lena
 
-  config = configs.get_config(setup.config)
+  config = lena.get_config(setup.config)
   changes: dict[str, Any] = {
     "num_epochs": setup.num_epochs,
     "num_steps": 0,
@@ -181,30 +181,9 @@ def ramp_of(setup: Setup, arm: str, num_train: int, per_worker_batch: int) -> st
   raise ValueError(f"Unknown arm {arm!r}; valid arms: {', '.join(ARMS)}.")
 
 
-def evaluate_test(config: Any, state: Any) -> dict[str, float]:
-  """Loss and accuracy of ``state`` on the test split (once, after training)."""
-  import jax
-  import jax.numpy as jnp
-
-  from examples import input_pipeline
-  from examples.lena import train as train_lib
-
-  data = input_pipeline.create_dataset(dataclasses.replace(config, eval_split="test"), 1)
-  model = train_lib.create_model(config, data.num_classes)
-  step = jax.jit(lambda st, batch: train_lib.eval_step(st, batch, model=model))
-  sums: dict[str, Any] | None = None
-  for batch in data.eval_batches():
-    out = step(state, batch)
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  assert sums is not None  # the test split is never empty
-  count = float(sums["count"])
-  return {"test_loss": float(sums["loss"]) / count, "test_accuracy": float(sums["correct"]) / count}
-
-
 def train_run(setup: Setup, run: Run) -> dict[str, Any]:
   """Trains one run in a temporary directory and returns its summary."""
-  from examples import input_pipeline, metrics
-  from examples.lena import train as train_lib
+  from examples import input_pipeline, lena, metrics
 
   config = base_config(setup, run.seed)
   num_train = input_pipeline.create_dataset(config, 1).num_train
@@ -212,7 +191,7 @@ def train_run(setup: Setup, run: Run) -> dict[str, Any]:
   config = dataclasses.replace(config, batch_ramp=spec, batch_scale=setup.small)
   t0 = time.perf_counter()
   with tempfile.TemporaryDirectory() as workdir:
-    state = train_lib.train_and_evaluate(config, workdir)
+    state = lena.train_and_evaluate(config, workdir)
     evals = metrics.read_metrics(workdir)
   seconds = time.perf_counter() - t0
   last = evals[-1]
@@ -237,7 +216,7 @@ def train_run(setup: Setup, run: Run) -> dict[str, Any]:
     "wall_time": last["wall_time"],
     "seconds_per_sample": last["wall_time"] / last["samples_seen"],
     "process_seconds": seconds,  # with the initialisation and the test evaluation
-    **evaluate_test(config, state),
+    **{f"test_{k}": v for k, v in lena.evaluate_split(config, state, "test").items()},
   }
 
 

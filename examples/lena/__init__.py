@@ -21,18 +21,19 @@ from typing import TYPE_CHECKING, Any
 from examples.lena.configs import Config, ConfigError, available_configs, get_config, override
 
 if TYPE_CHECKING:
-  from examples.lena.train import TrainState, train_and_evaluate
+  from examples.lena.train import TrainState, evaluate_split, train_and_evaluate
 
 __all__ = (
   "Config",
   "ConfigError",
   "TrainState",
   "available_configs",
+  "evaluate_split",
   "get_config",
   "override",
   "train_and_evaluate",
 )
-_FROM_TRAIN = ("TrainState", "train_and_evaluate")
+_FROM_TRAIN = ("TrainState", "evaluate_split", "train_and_evaluate")
 
 
 def __getattr__(name: str) -> Any:

@@ -234,6 +234,32 @@ def evaluate(
   return {"eval_loss": float(sums["loss"]) / count, "eval_accuracy": float(sums["correct"]) / count}
 
 
+def evaluate_split(config: Config, state: TrainState, split: str = "test") -> dict[str, float]:
+  """Loss and accuracy of a trained ``state`` on one split of ``config``'s dataset.
+
+  For studies that choose on ``eval_split='validation'`` during training and report the
+  test split once, after training, with the same model and the same padded batches.
+
+  Args:
+    config: the run's configuration (its dataset, model, width and dtype).
+    state: a state :func:`train_and_evaluate` returned.
+    split: ``'test'`` or ``'validation'``.
+
+  Returns:
+    ``{'loss': ..., 'accuracy': ...}`` over every example of the split.
+  """
+  if split not in ("test", "validation"):
+    raise ConfigError(f"split must be 'test' or 'validation', got {split!r}.")
+  data = input_pipeline.create_dataset(dataclasses.replace(config, eval_split=split), 1)
+  eval_fn, sums = _jitted_eval(create_model(config, data.num_classes)), None
+  for batch in data.eval_batches():
+    out = eval_fn(state, batch)
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  sums = mesh.host_value(sums)
+  count = max(float(sums["count"]), 1.0)
+  return {"loss": float(sums["loss"]) / count, "accuracy": float(sums["correct"]) / count}
+
+
 # ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------

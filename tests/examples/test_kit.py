@@ -113,6 +113,8 @@ def test_lena_public_names_resolve() -> None:
     assert getattr(lena, name) is not None, name
   with pytest.raises(AttributeError, match="no attribute 'parallel_internals'"):
     _ = lena.parallel_internals
+  with pytest.raises(lena.ConfigError, match="split must be 'test' or 'validation'"):
+    lena.evaluate_split(lena.get_config("tiny_test"), None, "train")  # type: ignore[arg-type]
 
 
 def test_the_checker_catches_internal_imports() -> None:
