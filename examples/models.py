@@ -4,9 +4,11 @@
 * :class:`ResNet1D` -- ResNet-18's layout in 1D with BatchNorm for MNIST-1D (62 leaves).
 * :class:`ResNet18` -- the CIFAR variant of ResNet-18 (3x3 stem, no max-pool),
   as in the reference PyTorch CIFAR implementations (He et al. 2016, kuangliu/pytorch-cifar).
+* :class:`PatchTransformer` -- a small pre-LayerNorm transformer on patches of MNIST-1D.
 
 All take ``train`` in ``__call__``; only the ResNets have state (BatchNorm statistics),
-so training code should treat ``batch_stats`` as optional.
+so training code should treat ``batch_stats`` as optional. :func:`decay_mask` selects the
+kernels of any of them, for weight decay on kernels only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 ModuleDef = Any
@@ -228,10 +231,86 @@ class ResNet1D(nn.Module):
     return jnp.asarray(x, jnp.float32)
 
 
+class Block(nn.Module):
+  """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+  num_heads: int
+  mlp_dim: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(y, y)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    y = nn.Dense(self.mlp_dim, dtype=self.dtype)(y)
+    return x + nn.Dense(x.shape[-1], dtype=self.dtype)(nn.gelu(y))
+
+
+class PatchTransformer(nn.Module):
+  """A small attention model for MNIST-1D sequences (inputs ``[batch, 40]``).
+
+  The signal is cut into patches of ``patch`` samples (tokens), embedded with a learned position
+  embedding, run through ``depth`` pre-LayerNorm blocks (multi-head self-attention and an MLP)
+  of width ``width``, then mean-pooled into the logits. Small enough to train dozens of runs on
+  two CPU cores, but with the leaf types of a transformer (attention projections, MLP kernels,
+  LayerNorm scales, biases, embeddings) whose gradient noise differs.
+
+  Attributes:
+    num_classes: number of output logits.
+    patch: samples per token (must divide the signal's length).
+    width: the model (embedding) dimension.
+    depth: number of transformer blocks.
+    num_heads: attention heads (must divide ``width``).
+    mlp_dim: hidden units of each block's MLP.
+    dtype: computation dtype (parameters stay float32).
+  """
+
+  num_classes: int = 10
+  patch: int = 4
+  width: int = 24
+  depth: int = 1
+  num_heads: int = 2
+  mlp_dim: int = 48
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """Returns logits of shape ``[batch, num_classes]``.
+
+    Args:
+      x: ``[batch, length]`` signals, ``length`` a multiple of ``patch``.
+      train: unused (no dropout / BatchNorm); kept so all models share one signature.
+
+    Returns:
+      Logits, ``[batch, num_classes]``.
+    """
+    del train
+    x = jnp.asarray(x, self.dtype)
+    tokens = x.reshape(*x.shape[:-1], x.shape[-1] // self.patch, self.patch)
+    h = nn.Dense(self.width, dtype=self.dtype, name="embed")(tokens)
+    position = self.param("position", nn.initializers.normal(0.02), h.shape[-2:])
+    h = h + position
+    for _ in range(self.depth):
+      h = Block(self.num_heads, self.mlp_dim, dtype=self.dtype)(h)
+    h = nn.LayerNorm(dtype=self.dtype)(h)
+    logits = nn.Dense(self.num_classes, dtype=self.dtype, name="head")(jnp.mean(h, axis=-2))
+    return jnp.asarray(logits, jnp.float32)
+
+
+def decay_mask(params: Any) -> Any:
+  """Weight decay on kernels only (not biases, LayerNorm or BatchNorm scales, embeddings such
+  as the position table): True for the leaves named ``kernel``, by name, so for any model."""
+  return jax.tree_util.tree_map_with_path(
+    lambda path, _: getattr(path[-1], "key", "") == "kernel", params
+  )
+
+
 MODELS: dict[str, type[nn.Module]] = {
   "cnn1d": CNN1D,
   "resnet18": ResNet18,
   "resnet1d": ResNet1D,
+  "patch_transformer": PatchTransformer,
 }
 
 
@@ -239,7 +318,8 @@ def create_model(name: str, num_classes: int, **kw: Any) -> nn.Module:
   """Builds a model by name.
 
   Args:
-    name: one of ``'cnn1d'``, ``'resnet18'`` (case-insensitive).
+    name: a key of :data:`MODELS` (``'cnn1d'``, ``'resnet18'``, ``'resnet1d'``,
+      ``'patch_transformer'``; case-insensitive).
     num_classes: number of output logits.
     **kw: further constructor fields (e.g. ``width=``, ``dtype=``, ``axis_name=``).
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 import optax_lena as ol
+from examples import models
 
 WARMUPS = ("none", "fixed", "state_aware")
 GROUPINGS: dict[str, Any] = {"leaf": None, "module": "module"}
@@ -56,8 +57,8 @@ class Hyperparams:
   learning_rate: float  # eta0, the rate at the reference batch (the per-worker batch by default)
   num_samples: int = 1  # S, per-worker gradients per update
   total_steps: int = 1  # updates of the run
-  momentum: float = 0.9
-  weight_decay: float = 0.0
+  momentum: float = 0.9  # SGD's momentum; the AdamW entries' b1
+  weight_decay: float = 0.0  # coupled for SGD; decoupled, on kernels only, for AdamW
   lr_decay: float | None = 0.01
   warmup: str = "none"  # 'none', 'fixed' or 'state_aware' (already resolved from 'default')
   warmup_alpha: float = 0.05
@@ -307,5 +308,73 @@ register(
     takes_reference_batch=True,
   )
 )
+
+
+def _adamw(hp: Hyperparams) -> optax.GradientTransformation:
+  """One worker's AdamW: the rate does not follow the batch (b2 and eps are Optax's)."""
+  return optax.adamw(
+    hp.update_schedule(), b1=hp.momentum, weight_decay=hp.weight_decay, mask=models.decay_mask
+  )
+
+
+def _large_batch_adamw(
+  alias: Callable[..., optax.GradientTransformation], grouped: bool = False
+) -> Callable[[Hyperparams], optax.GradientTransformation]:
+  """Builder of an ``optax_lena`` AdamW alias, as :func:`_large_batch` builds the SGD ones (the
+  rate on the sample clock, either warm-up, the reference batch), with ``momentum`` as b1, the
+  weight decay decoupled and on kernels only (``models.decay_mask``), and the library's
+  ``power`` (the square-root rule), b2 and eps."""
+
+  def build_fn(hp: Hyperparams) -> optax.GradientTransformation:
+    kw: dict[str, Any] = dict(
+      b1=hp.momentum,
+      weight_decay=hp.weight_decay,
+      weight_decay_mask=models.decay_mask,
+      clock="samples",
+      num_samples=hp.num_samples,
+      **hp.warmup_kwargs(),
+      **hp.batch_kwargs(),
+    )
+    if grouped:
+      kw["grouping"] = GROUPINGS[hp.grouping]
+    return alias(hp.sample_schedule(), **kw)
+
+  return build_fn
+
+
 register(Optimizer(name="lars", build=_lars, label="LARS"))
 register(Optimizer(name="lamb", build=_lamb, label="LAMB"))
+register(Optimizer(name="adamw", build=_adamw, label="AdamW 1 worker"))
+register(
+  Optimizer(
+    name="linear_scaling_adamw",
+    build=_large_batch_adamw(ol.linear_scaling_adamw),
+    label="sqrt LSW AdamW",
+    paper_warmup="fixed",
+    diagnostics=True,
+    warmups=WARMUPS,
+    takes_reference_batch=True,
+  )
+)
+register(
+  Optimizer(
+    name="adascale_adamw",
+    build=_large_batch_adamw(ol.adascale_adamw),
+    label="AdaScale-AdamW",
+    paper_warmup="none",
+    diagnostics=True,
+    warmups=WARMUPS,
+    takes_reference_batch=True,
+  )
+)
+register(
+  Optimizer(
+    name="lena_adamw",
+    build=_large_batch_adamw(ol.lena_adamw, grouped=True),
+    label="LENA-AdamW",
+    paper_warmup="state_aware",
+    diagnostics=True,
+    warmups=WARMUPS,
+    takes_reference_batch=True,
+  )
+)

@@ -130,6 +130,7 @@ def test_zero_is_the_per_worker_batch(name: str) -> None:
     (
       {"optimizer": "sgd", "reference_batch_size": 64},
       r"reference_batch_size=64 .* optimizer 'sgd'.*use one of linear_scaling, adascale, lena, "
+      r"linear_scaling_adamw, adascale_adamw, lena_adamw, "
       r"or leave reference_batch_size unset \(0",
     ),
     ({"optimizer": "lamb", "reference_batch_size": 64}, r"optimizer 'lamb'"),
@@ -175,4 +176,4 @@ def test_set_reference_batch_size_reaches_the_run(cache_dir: str, tmp_path: Path
 def test_registry_flags() -> None:
   takers = [n for n in optimizers.names() if optimizers.get(n).takes_reference_batch]
   assert takers[:3] == ["linear_scaling", "adascale", "lena"]
-  assert not any(optimizers.get(n).takes_reference_batch for n in ("sgd", "lars", "lamb"))
+  assert not any(optimizers.get(n).takes_reference_batch for n in ("sgd", "lars", "lamb", "adamw"))
