@@ -237,14 +237,22 @@ def build(name: str, hp: Hyperparams) -> optax.GradientTransformationExtraArgs:
 
 
 def _large_batch(
-  alias: Callable[..., optax.GradientTransformation], grouped: bool = False
+  alias: Callable[..., optax.GradientTransformation], grouped: bool = False, adamw: bool = False
 ) -> Callable[[Hyperparams], optax.GradientTransformation]:
-  """Builder of an ``optax_lena`` alias: momentum SGD with coupled weight decay, the rate on
-  the sample clock t * S (the paper's), either warm-up; ``grouped``: it takes ``grouping=``."""
+  """Builder of an ``optax_lena`` alias: the rate on the sample clock t * S (the paper's),
+  either warm-up, the reference batch; ``grouped``: it takes ``grouping=``. Momentum SGD with
+  coupled weight decay, or with ``adamw`` an AdamW alias: ``momentum`` as b1, the weight decay
+  decoupled and on kernels only (``models.decay_mask``), the library's ``power`` (the
+  square-root rule), b2 and eps."""
 
   def build_fn(hp: Hyperparams) -> optax.GradientTransformation:
+    family: dict[str, Any] = (
+      {"b1": hp.momentum, "weight_decay_mask": models.decay_mask}
+      if adamw
+      else {"momentum": hp.momentum}
+    )
     kw: dict[str, Any] = dict(
-      momentum=hp.momentum,
+      **family,
       weight_decay=hp.weight_decay,
       clock="samples",
       num_samples=hp.num_samples,
@@ -256,6 +264,24 @@ def _large_batch(
     return alias(hp.sample_schedule(), **kw)
 
   return build_fn
+
+
+def _register_large_batch(
+  name: str, alias: Callable[..., optax.GradientTransformation], label: str, paper_warmup: str
+) -> None:
+  """Registers a large-batch rule (LENA takes ``grouping=``; ``*_adamw`` are AdamW's)."""
+  build = _large_batch(alias, grouped=name.startswith("lena"), adamw=name.endswith("_adamw"))
+  register(
+    Optimizer(
+      name=name,
+      build=build,
+      label=label,
+      paper_warmup=paper_warmup,
+      diagnostics=True,
+      warmups=WARMUPS,
+      takes_reference_batch=True,
+    )
+  )
 
 
 def _sgd(hp: Hyperparams) -> optax.GradientTransformation:
@@ -275,39 +301,11 @@ def _lamb(hp: Hyperparams) -> optax.GradientTransformation:
 
 
 register(Optimizer(name="sgd", build=_sgd, label="SGD 1 worker"))
-register(
-  Optimizer(
-    name="linear_scaling",
-    build=_large_batch(ol.linear_scaling),
-    label="LSW",
-    paper_warmup="fixed",
-    diagnostics=True,
-    warmups=WARMUPS,
-    takes_reference_batch=True,
-  )
-)
-register(
-  Optimizer(
-    name="adascale",
-    build=_large_batch(ol.adascale),
-    label="AdaScale",
-    paper_warmup="none",
-    diagnostics=True,
-    warmups=WARMUPS,
-    takes_reference_batch=True,
-  )
-)
-register(
-  Optimizer(
-    name="lena",
-    build=_large_batch(ol.lena, grouped=True),
-    label="LENA",
-    paper_warmup="state_aware",
-    diagnostics=True,
-    warmups=WARMUPS,
-    takes_reference_batch=True,
-  )
-)
+_register_large_batch("linear_scaling", ol.linear_scaling, "LSW", "fixed")
+_register_large_batch("adascale", ol.adascale, "AdaScale", "none")
+_register_large_batch("lena", ol.lena, "LENA", "state_aware")
+register(Optimizer(name="lars", build=_lars, label="LARS"))
+register(Optimizer(name="lamb", build=_lamb, label="LAMB"))
 
 
 def _adamw(hp: Hyperparams) -> optax.GradientTransformation:
@@ -317,64 +315,7 @@ def _adamw(hp: Hyperparams) -> optax.GradientTransformation:
   )
 
 
-def _large_batch_adamw(
-  alias: Callable[..., optax.GradientTransformation], grouped: bool = False
-) -> Callable[[Hyperparams], optax.GradientTransformation]:
-  """Builder of an ``optax_lena`` AdamW alias, as :func:`_large_batch` builds the SGD ones (the
-  rate on the sample clock, either warm-up, the reference batch), with ``momentum`` as b1, the
-  weight decay decoupled and on kernels only (``models.decay_mask``), and the library's
-  ``power`` (the square-root rule), b2 and eps."""
-
-  def build_fn(hp: Hyperparams) -> optax.GradientTransformation:
-    kw: dict[str, Any] = dict(
-      b1=hp.momentum,
-      weight_decay=hp.weight_decay,
-      weight_decay_mask=models.decay_mask,
-      clock="samples",
-      num_samples=hp.num_samples,
-      **hp.warmup_kwargs(),
-      **hp.batch_kwargs(),
-    )
-    if grouped:
-      kw["grouping"] = GROUPINGS[hp.grouping]
-    return alias(hp.sample_schedule(), **kw)
-
-  return build_fn
-
-
-register(Optimizer(name="lars", build=_lars, label="LARS"))
-register(Optimizer(name="lamb", build=_lamb, label="LAMB"))
 register(Optimizer(name="adamw", build=_adamw, label="AdamW 1 worker"))
-register(
-  Optimizer(
-    name="linear_scaling_adamw",
-    build=_large_batch_adamw(ol.linear_scaling_adamw),
-    label="sqrt LSW AdamW",
-    paper_warmup="fixed",
-    diagnostics=True,
-    warmups=WARMUPS,
-    takes_reference_batch=True,
-  )
-)
-register(
-  Optimizer(
-    name="adascale_adamw",
-    build=_large_batch_adamw(ol.adascale_adamw),
-    label="AdaScale-AdamW",
-    paper_warmup="none",
-    diagnostics=True,
-    warmups=WARMUPS,
-    takes_reference_batch=True,
-  )
-)
-register(
-  Optimizer(
-    name="lena_adamw",
-    build=_large_batch_adamw(ol.lena_adamw, grouped=True),
-    label="LENA-AdamW",
-    paper_warmup="state_aware",
-    diagnostics=True,
-    warmups=WARMUPS,
-    takes_reference_batch=True,
-  )
-)
+_register_large_batch("linear_scaling_adamw", ol.linear_scaling_adamw, "sqrt LSW AdamW", "fixed")
+_register_large_batch("adascale_adamw", ol.adascale_adamw, "AdaScale-AdamW", "none")
+_register_large_batch("lena_adamw", ol.lena_adamw, "LENA-AdamW", "state_aware")

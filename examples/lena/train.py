@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -225,13 +225,19 @@ def evaluate(
   model: flax.linen.Module,
 ) -> dict[str, float]:
   """Loss and accuracy on ``config.eval_split`` (batches sharded over the devices)."""
-  eval_fn, sums = _jitted_eval(model), None
-  for batch in data.eval_batches():
-    out = eval_fn(state, strategy.shard(batch))
+  eval_fn = _jitted_eval(model)
+  means = _means(eval_fn(state, strategy.shard(batch)) for batch in data.eval_batches())
+  return {"eval_loss": means["loss"], "eval_accuracy": means["accuracy"]}
+
+
+def _means(sums_per_batch: Iterable[dict[str, jax.Array]]) -> dict[str, float]:
+  """Loss and accuracy over every example from :func:`eval_step`'s sums per batch."""
+  sums = None
+  for out in sums_per_batch:
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
   sums = mesh.host_value(sums)
   count = max(float(sums["count"]), 1.0)
-  return {"eval_loss": float(sums["loss"]) / count, "eval_accuracy": float(sums["correct"]) / count}
+  return {"loss": float(sums["loss"]) / count, "accuracy": float(sums["correct"]) / count}
 
 
 def evaluate_split(config: Config, state: TrainState, split: str = "test") -> dict[str, float]:
@@ -251,13 +257,8 @@ def evaluate_split(config: Config, state: TrainState, split: str = "test") -> di
   if split not in ("test", "validation"):
     raise ConfigError(f"split must be 'test' or 'validation', got {split!r}.")
   data = input_pipeline.create_dataset(dataclasses.replace(config, eval_split=split), 1)
-  eval_fn, sums = _jitted_eval(create_model(config, data.num_classes)), None
-  for batch in data.eval_batches():
-    out = eval_fn(state, batch)
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = mesh.host_value(sums)
-  count = max(float(sums["count"]), 1.0)
-  return {"loss": float(sums["loss"]) / count, "accuracy": float(sums["correct"]) / count}
+  eval_fn = _jitted_eval(create_model(config, data.num_classes))
+  return _means(eval_fn(state, batch) for batch in data.eval_batches())
 
 
 # ----------------------------------------------------------------------------------------------

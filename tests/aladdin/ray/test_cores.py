@@ -107,6 +107,11 @@ def burn(seconds):
   while time.thread_time() - start < seconds:
     pass
 
+def spin(seconds):  # on the wall clock: reading the thread's CPU clock would update schedstat
+  start = time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    pass
+
 before = cores.thread_ids()
 assert cores.limit_intra_op_threads(1)
 go, done = threading.Event(), threading.Event()
@@ -125,6 +130,10 @@ caller = threading.get_native_id()
 report = {"cores": list(claim.cores), "others": sorted(claim.others)}
 report["offloaded"] = cores.follow_the_step(claim, offloaded)
 report["after_offloaded"] = sorted(os.sched_getaffinity(caller))
+# A step of microseconds, as the tests' model's: shorter than the scheduler's tick.
+report["tiny_inline"] = cores.follow_the_step(claim, lambda: spin(0.00005))
+report["after_tiny_inline"] = sorted(os.sched_getaffinity(caller))
+cores.set_affinity([caller], claim.others)
 report["inline"] = cores.follow_the_step(claim, lambda: burn(0.02))
 report["after_inline"] = sorted(os.sched_getaffinity(caller))
 print(json.dumps(report))
@@ -136,6 +145,7 @@ def test_the_claimed_core_goes_to_the_thread_that_computes_the_step(tmp_path: Pa
   step it computes itself (XLA:CPU runs cheap ones inline) brings it onto the core."""
   report = _in_child(FOLLOW, tmp_path)
   assert report["offloaded"] is False and report["after_offloaded"] == report["others"]
+  assert report["tiny_inline"] is True and report["after_tiny_inline"] == report["cores"]
   assert report["inline"] is True and report["after_inline"] == report["cores"]
 
 

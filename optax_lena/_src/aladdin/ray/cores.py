@@ -17,6 +17,7 @@ import os
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -195,18 +196,27 @@ def thread_cpu_seconds() -> dict[int, float]:
   return spent
 
 
-def follow_the_step(claim: CoreClaim, step: Callable[[], Any], calls: int = 10) -> bool:
+def follow_the_step(
+  claim: CoreClaim, step: Callable[[], Any], calls: int = 10, min_seconds: float = 0.05
+) -> bool:
   """Moves the calling thread onto the claimed cores if it computes the step itself (XLA:CPU
-  runs a cheap computation inline): runs ``step`` ``calls`` times and compares the caller's CPU
-  time with that of the threads on the claimed cores. Returns whether the caller moved.
+  runs a cheap computation inline): runs ``step`` at least ``calls`` times and for at least
+  ``min_seconds``, and compares the caller's CPU time with that of the threads on the claimed
+  cores. Returns whether the caller moved.
   """
+  # The caller's own time comes from its CPU clock: its schedstat is only brought up to date at
+  # the scheduler's ticks (every few ms), so a step of microseconds read there looked like no
+  # work at all, and the caller stayed off the core whenever no tick fell in the calls.
   caller = threading.get_native_id()
-  before = thread_cpu_seconds()
-  for _ in range(calls):
+  before, caller_start, start = thread_cpu_seconds(), time.thread_time(), time.perf_counter()
+  done = 0
+  while done < calls or time.perf_counter() - start < min_seconds:
     step()
+    done += 1
+  caller_spent = time.thread_time() - caller_start
   spent = {t: s - before.get(t, 0.0) for t, s in thread_cpu_seconds().items()}
   pinned = sum(s for t, s in spent.items() if t != caller and _affinity(t) == set(claim.cores))
-  if spent.get(caller, 0.0) <= pinned:
+  if caller_spent <= pinned:
     return False
   set_affinity([caller], claim.cores)
   return True
