@@ -16,6 +16,7 @@ pytest.importorskip("flax")
 
 from benchmarks.batch_ramp import study
 from benchmarks.paired_intervals import t_quantile
+from tests.benchmarks.test_committed_tables import md_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "batch_ramp"
@@ -154,27 +155,29 @@ def test_tiny_study_trains_every_arm_resumes_and_reports(tmp_path: Path, monkeyp
     assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
 
-def _md_tables(text: str) -> list[str]:
-  out, current = [], []
-  for line in [*text.splitlines(), ""]:
-    if line.strip().startswith("|"):
-      current.append(line.strip())
-    elif current:
-      out.append("\n".join(current))
-      current = []
-  return out
-
-
-def test_committed_results_are_report_only_of_the_committed_summary(tmp_path: Path) -> None:
-  summary = RESULTS / "results" / "summary.json"
-  if not summary.exists():
-    pytest.skip("the study has not been committed yet")
-  shutil.copy(summary, tmp_path / "summary.json")
+@pytest.mark.parametrize("name", sorted(study.SETUPS))
+def test_committed_results_are_report_only_of_the_committed_summary(
+  name: str, tmp_path: Path
+) -> None:
+  folder = ROOT / study.OUTS[name]
+  if not (folder / "table.md").exists():
+    pytest.skip(f"the {name} study has not been reported yet")
+  shutil.copy(folder / "summary.json", tmp_path / "summary.json")
   study.main(["--report_only", "--out", str(tmp_path)])
   rebuilt = (tmp_path / "table.md").read_text()
-  assert rebuilt == (RESULTS / "results" / "table.md").read_text()
-  result = json.loads(summary.read_text())
-  assert study.setup_of(result["setup"]) == study.Setup()  # the script's declared setup
-  assert len(result["runs"]) == len(study.ARMS) * len(study.Setup().seeds) >= 25
-  tables = _md_tables((RESULTS / "RESULTS.md").read_text())
-  assert tables and all(t in _md_tables(rebuilt) for t in tables)
+  assert rebuilt == (folder / "table.md").read_text()
+  result = json.loads((folder / "summary.json").read_text())
+  setup = study.SETUPS[name]
+  assert study.setup_of(result["setup"]) == setup  # the script's declared setup
+  assert len(result["runs"]) == len(study.ARMS) * len(setup.seeds) >= 25
+
+
+def test_every_results_table_is_one_of_the_committed_reports() -> None:
+  reports = [
+    t
+    for name in study.SETUPS
+    if (ROOT / study.OUTS[name] / "table.md").exists()
+    for t in md_tables((ROOT / study.OUTS[name] / "table.md").read_text())
+  ]
+  tables = md_tables((RESULTS / "RESULTS.md").read_text())
+  assert tables and all(t in reports for t in tables)
