@@ -104,22 +104,15 @@ def make_problem(
   key = (preset, seed, num_validation, evaluate_on)
   if key in _PROBLEMS:
     return _PROBLEMS[key]
-  data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=preset.num_samples)
-  x_train, y_train = data["x_train"], data["y_train"]
+  data = input_pipeline.load_mnist1d(
+    cache_dir, seed=0, num_samples=preset.num_samples, num_validation=num_validation
+  )
   x_eval, y_eval = data["x_test"], data["y_test"]
-  if num_validation:
-    if not 0 < num_validation < len(x_train):
-      raise ValueError(
-        f"num_validation must be in [0, {len(x_train)}) (the training examples), got "
-        f"{num_validation}."
-      )
-    keep = len(x_train) - num_validation
-    if evaluate_on == "validation":
-      x_eval, y_eval = x_train[keep:], y_train[keep:]
-    x_train, y_train = x_train[:keep], y_train[:keep]
+  if evaluate_on == "validation":
+    x_eval, y_eval = data["x_val"], data["y_val"]
   model, fns = _model_fns(preset)
   params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 40)))["params"]
-  problem = sim.Problem(params, fns[0], fns[1], x_train, y_train, x_eval, y_eval)
+  problem = sim.Problem(params, fns[0], fns[1], data["x_train"], data["y_train"], x_eval, y_eval)
   _PROBLEMS[key] = problem
   return problem
 

@@ -81,7 +81,7 @@ SCALES = {
     tuple(range(10)),
     ("HO", "HE1", "HE2"),
   ),
-  "smoke": Scale("smoke", 200, 3, (0.2, 0.4), (0.05,), (100,), (0,), ("HO", "HE1")),
+  "smoke": Scale("smoke", 200, 3, (0.2,), (0.05,), (100,), (0,), ("HO", "HE1")),
 }
 
 
@@ -106,7 +106,7 @@ class Cell:
 class DelayedNesterovState(NamedTuple):
   """State of ``delayed_nesterov``."""
 
-  count: jax.Array  # int32: server updates so far
+  num_updates: jax.Array  # int32: server updates so far
   momentum: optax.Updates  # m, applied once every ``delay`` updates
   accumulated: optax.Updates  # the outer gradients since the last momentum update
 
@@ -149,8 +149,8 @@ def delayed_nesterov(
     updates: optax.Updates, state: DelayedNesterovState, params: optax.Params | None = None
   ) -> tuple[optax.Updates, DelayedNesterovState]:
     del params
-    count = state.count + 1
-    apply = count % delay == 0
+    num_updates = state.num_updates + 1
+    apply = num_updates % delay == 0
     accumulated = jax.tree.map(lambda d, g: d + g, state.accumulated, updates)
     new_m = jax.tree.map(lambda m, d: momentum * m + d / delay, state.momentum, accumulated)
     m = jax.tree.map(lambda a, b: jnp.where(apply, a, b), new_m, state.momentum)
@@ -158,7 +158,7 @@ def delayed_nesterov(
       lambda g, m: -learning_rate * jnp.where(apply, momentum * m + g, g), updates, m
     )
     accumulated = jax.tree.map(lambda d: jnp.where(apply, jnp.zeros_like(d), d), accumulated)
-    return steps, DelayedNesterovState(count, m, accumulated)
+    return steps, DelayedNesterovState(num_updates, m, accumulated)
 
   return optax.GradientTransformation(init, update)
 
@@ -272,6 +272,7 @@ def _final(runs: dict[str, dict], method: str, cluster: str) -> dict[int, dict]:
 
 
 def _tuning_table(runs: dict[str, dict], scale: Scale) -> str:
+  width = max(len(scale.ar_rates), len(scale.worker_rates))
   rows = []
   for method in METHODS:
     rates = scale.ar_rates if method == "ar_sgd" else scale.worker_rates
@@ -283,10 +284,11 @@ def _tuning_table(runs: dict[str, dict], scale: Scale) -> str:
         if c.method == method and c.lr == lr and c.name in runs
       ]
       cells.append(harness.mean_std(accs, ".3f") if accs else "—")
+    cells += [""] * (width - len(rates))
     best = choose_rate(runs, scale, method)
     edge = "" if best is None or best not in (rates[0], rates[-1]) else " (grid edge)"
     rows.append([LABELS[method], *cells, "—" if best is None else f"{best:g}{edge}"])
-  header = ["method", *[f"rate {i + 1}" for i in range(len(scale.worker_rates))], "chosen"]
+  header = ["method", *[f"rate {i + 1}" for i in range(width)], "chosen"]
   return harness.markdown_table(header, rows)
 
 
@@ -366,7 +368,7 @@ def _throughput_table(runs: dict[str, dict], scale: Scale) -> str:
       rows.append([
         LABELS[method], cluster, harness.mean_std(ratios, ".3f"), f"{law:.3f}", len(seeds)
       ])  # fmt: skip
-  header = [f"method", "cluster", "time to finish / HO's", "wait-free law", "seeds"]
+  header = ["method", "cluster", "time to finish / HO's", "wait-free law", "seeds"]
   return harness.markdown_table(header, rows)
 
 
