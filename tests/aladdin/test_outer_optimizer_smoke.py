@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from benchmarks import paired_intervals
 from benchmarks.aladdin import training
 from benchmarks.aladdin.outer_optimizer import main as study
 
@@ -101,6 +102,21 @@ def test_final_grid_goes_seed_by_seed_and_runs_ar_sgd_off_ho_once() -> None:
   assert not study.final_cells({}, scale)
 
 
+def test_verdicts_follow_the_preregistered_rule() -> None:
+  close = paired_intervals.paired([0.80, 0.81, 0.82, 0.83], [0.805, 0.81, 0.815, 0.83])
+  assert close.low >= -study.LEVEL and study.verdict(close, "ar_sgd") == "level or above"
+  wide = paired_intervals.paired([0.70, 0.90, 0.75], [0.80, 0.80, 0.80])
+  assert wide.low < -study.LEVEL < wide.high
+  assert study.verdict(wide, "ar_sgd") == "not shown level"
+  far = paired_intervals.paired([0.10, 0.11, 0.12], [0.80, 0.80, 0.81])
+  assert study.verdict(far, "ar_sgd") == "behind by over 1 point"
+  assert study.verdict(far, "plain") == "behind plain"
+  assert study.verdict(wide, "plain") == "not distinguishable"
+  ahead = paired_intervals.paired([0.83, 0.84, 0.85], [0.80, 0.80, 0.81])
+  assert study.verdict(ahead, "plain") == "beats plain"
+  assert study.verdict(paired_intervals.paired([0.8], [0.7]), "plain") == "one seed: no interval"
+
+
 def test_make_problem_holds_out_validation_examples(tmp_path: Path) -> None:
   preset = training.PRESETS["smoke"]
   whole = training.make_problem(preset, 0, tmp_path)
@@ -137,3 +153,6 @@ def test_smoke_study_writes_tables_plot_and_resumes(
   assert "[2/8] final/plain/HO/lr0.05/seed0" in resumed and "Trained 1, skipped 1" in resumed
   assert "| HO | ALADDIN-plain | 0.05 | 0." in text
   assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+  first = png.read_bytes()
+  assert study.main([*argv, "--report_only"]) == text  # byte for byte from runs.json
+  assert png.read_bytes() == first
