@@ -40,7 +40,7 @@ import optax
 
 from benchmarks import harness, paired_intervals
 from benchmarks.aladdin import training
-from benchmarks.aladdin.equal_tuning.main import TARGET, time_to
+from benchmarks.aladdin.equal_tuning.main import TARGET, accuracy_at, time_to
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
 
@@ -52,6 +52,7 @@ LABELS = {
   "plain": "ALADDIN-plain",
   "nesterov": "ALADDIN-Nesterov",
   "delayed_nesterov": "ALADDIN-delayed-Nesterov",
+  "nesterov_gain1": "ALADDIN-Nesterov, outer lr 0.1",
 }
 OUTER_LR = 0.7  # DiLoCo's outer Nesterov (Douillard et al. 2023), fixed, not tuned
 OUTER_MOMENTUM = 0.9
@@ -70,7 +71,7 @@ class Scale:
   clusters: tuple[str, ...]
   periods: tuple[int, ...] = ()  # exploratory, besides the default 4
   alphas: tuple[float, ...] = ()  # exploratory, besides the default 0.5
-  nesterov_below: tuple[float, ...] = ()  # exploratory worker rates below the grid
+  extra: tuple[tuple[str, float], ...] = ()  # exploratory (server, worker rate) pairs
 
 
 SCALES = {
@@ -85,7 +86,10 @@ SCALES = {
     ("HO", "HE1", "HE2"),
     periods=(1, 2, 8, 16),
     alphas=(0.25, 1.0),
-    nesterov_below=(0.0125, 0.00625, 0.003125),
+    extra=(
+      *[("nesterov", lr) for lr in (0.0125, 0.00625, 0.003125)],  # below the grid
+      *[("nesterov_gain1", lr) for lr in (0.1, 0.2)],
+    ),
   ),
   "smoke": Scale("smoke", 200, 3, (0.2,), (0.05,), (100,), (0,), ("HO", "HE1"), periods=(8,)),
 }
@@ -190,6 +194,8 @@ def server_tx(method: str, num_workers: int) -> optax.GradientTransformation:
     return optax.sgd(OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
   if method == "delayed_nesterov":
     return delayed_nesterov(OUTER_LR, OUTER_MOMENTUM, delay=num_workers)
+  if method == "nesterov_gain1":  # exploratory: steady-state gain 0.1 / (1 - 0.9) = 1, as plain's
+    return optax.sgd(0.1, momentum=OUTER_MOMENTUM, nesterov=True)
   raise ValueError(f"unknown ALADDIN variant {method!r}; variants are {VARIANTS}.")
 
 
@@ -251,7 +257,7 @@ def final_cells(runs: dict[str, dict], scale: Scale) -> list[Cell]:
 
 def explore_cells(runs: dict[str, dict], scale: Scale) -> list[Cell]:
   """Exploratory, after the pre-registered cells: each tuned variant at its chosen rate with
-  other periods and alphas, and Nesterov below the grid (validation, tuning seeds, HO)."""
+  other periods and alphas, and ``scale.extra`` (validation, tuning seeds, HO)."""
   cells = []
   for method in VARIANTS:
     lr = choose_rate(runs, scale, method)
@@ -261,9 +267,9 @@ def explore_cells(runs: dict[str, dict], scale: Scale) -> list[Cell]:
     for period, alpha in options:
       for seed in scale.tune_seeds:
         cells.append(Cell("explore", method, scale.clusters[0], seed, lr, period, alpha))
-  for lr in scale.nesterov_below:
+  for method, lr in scale.extra:
     for seed in scale.tune_seeds:
-      cells.append(Cell("explore", "nesterov", scale.clusters[0], seed, lr))
+      cells.append(Cell("explore", method, scale.clusters[0], seed, lr))
   return cells
 
 
@@ -350,19 +356,29 @@ def _explore_table(runs: dict[str, dict], scale: Scale) -> str | None:
   header = ["variant", "worker rate", *[f"period {p}, alpha {a:g}" for p, a in options]]
   table = harness.markdown_table(header, rows)
   below = []
-  for lr in scale.nesterov_below:
-    names = [Cell("explore", "nesterov", scale.clusters[0], s, lr).name for s in scale.tune_seeds]
+  for method, lr in scale.extra:
+    names = [Cell("explore", method, scale.clusters[0], s, lr).name for s in scale.tune_seeds]
     accs = [runs[n]["test_accuracy"] for n in names if n in runs]
     if accs:
-      below.append([LABELS["nesterov"], f"{lr:g}", harness.mean_std(accs, ".3f")])
+      below.append([LABELS[method], f"{lr:g}", harness.mean_std(accs, ".3f")])
   if below:
     table += "\n\n" + harness.markdown_table(["method", "worker rate", "validation"], below)
   return table
 
 
+def _when_fastest_finishes(runs: dict[str, dict], cluster: str) -> dict[tuple[str, int], float]:
+  """Each run's test accuracy when the first method of its cluster and seed has finished."""
+  here = {(m, s): r for m in METHODS for s, r in _final(runs, m, cluster).items()}
+  fastest: dict[int, float] = {}
+  for (_, seed), r in here.items():
+    fastest[seed] = min(fastest.get(seed, math.inf), r["time"])
+  return {key: accuracy_at(r, fastest[key[1]]) for key, r in here.items()}
+
+
 def _final_table(runs: dict[str, dict], scale: Scale) -> str:
   rows = []
   for cluster in scale.clusters:
+    at_first = _when_fastest_finishes(runs, cluster)
     for method in METHODS:
       mine = list(_final(runs, method, cluster).values())
       if not mine:
@@ -375,10 +391,11 @@ def _final_table(runs: dict[str, dict], scale: Scale) -> str:
         harness.mean_std([r["test_accuracy"] for r in mine], ".3f"),
         harness.mean_std_reached(hits, len(mine)),
         harness.mean_std([r["time"] for r in mine], ".0f"),
+        harness.mean_std([at_first[(method, r["cell"]["seed"])] for r in mine], ".3f"),
         len(mine),
       ])  # fmt: skip
   header = ["cluster", "method", "rate", "test accuracy", f"time to {TARGET}", "time to finish"]
-  return harness.markdown_table([*header, "seeds"], rows)
+  return harness.markdown_table([*header, "acc. when the fastest finishes", "seeds"], rows)
 
 
 def _accuracy(runs: dict[str, dict], method: str, cluster: str) -> dict[int, float]:
@@ -418,6 +435,23 @@ def _paired_table(runs: dict[str, dict], scale: Scale) -> str:
           f"{pair.wins}/{pair.n}",
           verdict(pair, against),
         ])  # fmt: skip
+  # Not pre-registered: at equal simulated time, when the first method of the seed finished.
+  home = scale.clusters[0]
+  at_first = _when_fastest_finishes(runs, home)
+  for method in VARIANTS:
+    a = {s: v for (m, s), v in at_first.items() if m == method}
+    b = {s: v for (m, s), v in at_first.items() if m == "ar_sgd"}
+    if set(a) & set(b):
+      pair = paired_intervals.paired_by_seed(a, b)
+      interval = "—" if pair.n < 2 else f"[{100 * pair.low:+.2f}, {100 * pair.high:+.2f}]"
+      rows.append([
+        f"{LABELS[method]} - AR-SGD, {home}, when the fastest finishes (not pre-registered)",
+        pair.n,
+        f"{100 * pair.mean:+.2f}",
+        interval,
+        f"{pair.wins}/{pair.n}",
+        pair.verdict(),
+      ])  # fmt: skip
   header = ["claim (A - B), test accuracy", "seeds", "mean (points)", "95% interval (points)"]
   return harness.markdown_table([*header, "seeds A > B", "verdict"], rows)
 
@@ -457,7 +491,7 @@ def _ar_sgd_cluster_check(runs: dict[str, dict], scale: Scale) -> str:
 
 def report(runs: dict[str, dict], scale: Scale) -> str:
   tune, final = tuning_cells(scale), final_cells(runs, scale)
-  done_t, done_f = sum(c.name in runs for c in tune), sum(c.name in runs for c in final)
+  done_t = sum(c.name in runs for c in tune)
   finals = sum(r["cell"]["group"] == "final" for r in runs.values())
   parts = [
     f"# ALADDIN's outer optimizer: {done_t} of {len(tune)} tuning cells, {finals} final cells\n",
@@ -478,12 +512,11 @@ def report(runs: dict[str, dict], scale: Scale) -> str:
     ]
   explore = _explore_table(runs, scale)
   if explore:
-    parts += ["## Exploratory: period, alpha, Nesterov below the grid (validation, HO)\n"]
+    parts += ["## Exploratory: period, alpha, other Nesterov servers (validation, HO)\n"]
     parts += [explore + "\n"]
   missing = [c.name for c in [*tune, *final, *explore_cells(runs, scale)] if c.name not in runs]
   if missing:
     parts.append(f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n")
-  del done_f
   return "\n".join(parts)
 
 
