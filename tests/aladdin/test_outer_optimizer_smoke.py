@@ -94,7 +94,8 @@ def test_final_grid_goes_seed_by_seed_and_runs_ar_sgd_off_ho_once() -> None:
   scale = study.SCALES["default"]
   acc = {(m, lr): 0.5 for m in study.METHODS for lr in (*scale.ar_rates, *scale.worker_rates)}
   cells = study.final_cells(_fake_runs(scale, acc), scale)
-  assert len(cells) == 10 * (1 + 3 * 3) + 2 and len({c.name for c in cells}) == len(cells)
+  expected = 10 * (1 + len(study.VARIANTS) * 3) + 2
+  assert len(cells) == expected and len({c.name for c in cells}) == len(cells)
   seeds = [c.seed for c in cells]
   assert seeds == sorted(seeds)
   ar = [(c.cluster, c.seed) for c in cells if c.method == "ar_sgd"]
@@ -136,21 +137,21 @@ def test_smoke_study_writes_tables_plot_and_resumes(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
   argv = ["--smoke", "--out", str(tmp_path), "--cache_dir", str(tmp_path / "cache")]
-  text = study.main([*argv, "--max_cells", "5"])  # the 4 tuning cells, then a final one
+  text = study.main([*argv, "--max_cells", "6"])  # the 5 tuning cells, then a final one
   out = capsys.readouterr().out
-  assert "[4/4] tune/delayed_nesterov/HO/lr0.05/seed100" in out
-  assert "[1/8] final/ar_sgd/HO/lr0.2/seed0" in out and "Trained 1, skipped 0" in out
-  assert "4 of 4 tuning cells, 1 final cells" in text and "| HO | AR-SGD | 0.2 | 0." in text
+  assert "[5/5] tune/nesterov_gain1/HO/lr0.05/seed100" in out
+  assert "[1/10] final/ar_sgd/HO/lr0.2/seed0" in out and "Trained 1, skipped 0" in out
+  assert "5 of 5 tuning cells, 1 final cells" in text and "| HO | AR-SGD | 0.2 | 0." in text
   assert (tmp_path / "tables.md").read_text() == text
   png = tmp_path / "accuracy_vs_time.png"
   runs = json.loads((tmp_path / "runs.json").read_text())
-  assert len(runs) == 5 and all(0.0 <= r["test_accuracy"] <= 1.0 for r in runs.values())
+  assert len(runs) == 6 and all(0.0 <= r["test_accuracy"] <= 1.0 for r in runs.values())
   assert all(len(r["curve"]) == 4 for r in runs.values())  # num_evals 3 plus the start
   assert study.main([*argv, "--report_only"]) == text
   assert "Trained" not in capsys.readouterr().out
   text = study.main([*argv, "--max_cells", "1"])  # resumes with the next final cell only
   resumed = capsys.readouterr().out
-  assert "[2/8] final/plain/HO/lr0.05/seed0" in resumed and "Trained 1, skipped 1" in resumed
+  assert "[2/10] final/plain/HO/lr0.05/seed0" in resumed and "Trained 1, skipped 1" in resumed
   assert "| HO | ALADDIN-plain | 0.05 | 0." in text
   assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
   first = png.read_bytes()
