@@ -81,20 +81,38 @@ _PROBLEMS: dict[tuple, sim.Problem] = {}
 _TXS: dict[tuple, Any] = {}
 
 
-def make_problem(preset: Preset, seed: int, cache_dir: Path) -> sim.Problem:
+def make_problem(
+  preset: Preset,
+  seed: int,
+  cache_dir: Path,
+  num_validation: int = 0,
+  evaluate_on: str = "test",
+) -> sim.Problem:
   """MNIST-1D (data seed 0, the same draw for every run) and CNN1D initialised from ``seed``.
+
+  ``num_validation > 0`` holds out the last ``num_validation`` training examples: the problem
+  trains on the others and evaluates on the test set, or on the held-out examples with
+  ``evaluate_on="validation"`` (so that tuning never sees the test set). The defaults are the
+  whole training set and the test set.
 
   The loss and accuracy functions are shared by every problem of one preset, so the simulator's
   jitted functions are compiled once per algorithm configuration, not once per run."""
-  key = (preset, seed)
+  if evaluate_on not in ("test", "validation"):
+    raise ValueError(f"evaluate_on must be 'test' or 'validation', got {evaluate_on!r}.")
+  if evaluate_on == "validation" and num_validation <= 0:
+    raise ValueError("evaluate_on='validation' needs num_validation > 0.")
+  key = (preset, seed, num_validation, evaluate_on)
   if key in _PROBLEMS:
     return _PROBLEMS[key]
-  data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=preset.num_samples)
+  data = input_pipeline.load_mnist1d(
+    cache_dir, seed=0, num_samples=preset.num_samples, num_validation=num_validation
+  )
+  x_eval, y_eval = data["x_test"], data["y_test"]
+  if evaluate_on == "validation":
+    x_eval, y_eval = data["x_val"], data["y_val"]
   model, fns = _model_fns(preset)
   params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, 40)))["params"]
-  problem = sim.Problem(
-    params, fns[0], fns[1], data["x_train"], data["y_train"], data["x_test"], data["y_test"]
-  )
+  problem = sim.Problem(params, fns[0], fns[1], data["x_train"], data["y_train"], x_eval, y_eval)
   _PROBLEMS[key] = problem
   return problem
 
