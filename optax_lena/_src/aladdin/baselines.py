@@ -281,7 +281,7 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
 
     return jax.tree.map(one, numerator)
 
-  def init_fn(params: PyTree) -> SGPState:
+  def init(params: PyTree) -> SGPState:
     stacked = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_workers, *jnp.shape(p))), params)
     return SGPState(
       numerators=jax.tree.map(jnp.array, stacked),
@@ -312,15 +312,5 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
     return SGPState(x, w, flight_x, flight_w, state.step + 1)
 
   return SGP(
-    num_workers,
-    overlap,
-    num_peers,
-    init_fn,
-    peer,
-    send,
-    mix,
-    debias,
-    debiased,
-    apply_updates,
-    gossip,
+    num_workers, overlap, num_peers, init, peer, send, mix, debias, debiased, apply_updates, gossip
   )

@@ -239,10 +239,11 @@ class Served(Iteration):
     compute = time.perf_counter() - t0
     return message, finite, compute, self.local.sleep_for(compute)
 
-  def exchange(self, message: np.ndarray, finite: bool) -> float:
-    """Sends the message, waits for the answer and keeps it; returns the seconds waited."""
+  def exchange(self, message: np.ndarray, finite: bool, wait_reply: bool = True) -> float:
+    """Sends the message and keeps the replies that have arrived (``wait_reply``: after
+    waiting for its own); returns the seconds waited."""
     outbox = self.local.transport
-    wait = outbox.push(message, finite) + outbox.flush()
+    wait = outbox.push(message, finite) + (outbox.flush() if wait_reply else 0.0)
     self.accept(outbox.take())
     return wait
 
@@ -272,13 +273,14 @@ class AladdinIteration(Served):
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     if sync or deadline is None or self.local.slowdown > 1.0:
-      return self._send(*self.step(), sync)
+      # sync: the deterministic schedule, every reply merged before the next message.
+      message, finite, compute, sleep = self.step()
+      return _stats(compute, sleep, self.exchange(message, finite, wait_reply=sync))
     while len(self.inflight) < STEPS_AHEAD:
       self.inflight.append(self.dispatch())
     return self._complete(ahead=True)
 
   def finish(self) -> Stats | None:
-    """Completes the oldest step in flight (called until None at the end of a chunk)."""
     return self._complete(ahead=False) if self.inflight else None
 
   def _complete(self, ahead: bool) -> Stats:
@@ -292,19 +294,9 @@ class AladdinIteration(Served):
     ready = time.perf_counter()
     since = ready - max(dispatched, self.last_ready)
     compute = max(0.0, since - self.waited)
-    stats = self._send(message, ok, compute, 0.0, False)
+    stats = _stats(compute, 0.0, self.exchange(message, ok, wait_reply=False))
     self.last_ready, self.waited = ready, stats["wait_s"]
     return stats
-
-  def _send(
-    self, message: np.ndarray, finite: bool, compute: float, sleep: float, sync: bool
-  ) -> Stats:
-    if sync:  # the deterministic schedule: every reply merged before the next message
-      return _stats(compute, sleep, self.exchange(message, finite))
-    outbox = self.local.transport
-    wait = outbox.push(message, finite)
-    self.accept(outbox.take())
-    return _stats(compute, sleep, wait)
 
 
 @runs(algorithms.Symmetric)
