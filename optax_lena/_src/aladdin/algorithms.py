@@ -370,18 +370,22 @@ class Entry:
       raise ValueError(f"{self.spec.name!r} already has a {engine} implementation.")
     self.engines[engine] = piece
 
-  def engine(self, engine: str) -> Any:
+  def find(self, engine: str) -> Any:
     """The piece ``engine`` attached to this algorithm or to the nearest base class of its spec
-    (an error naming the fix if there is none)."""
+    (None if there is none)."""
     if engine in self.engines:
       return self.engines[engine]
-    for cls in self.spec.__mro__:
-      if (cls, engine) in _PATTERNS:
-        return _PATTERNS[cls, engine]
-    raise ValueError(
-      f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
-      f"{engine_names(engine)}."
-    )
+    return next((_PATTERNS[c, engine] for c in self.spec.__mro__ if (c, engine) in _PATTERNS), None)
+
+  def engine(self, engine: str) -> Any:
+    """:meth:`find`, with an error naming the fix if there is none."""
+    piece = self.find(engine)
+    if piece is None:
+      raise ValueError(
+        f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
+        f"{engine_names(engine)}."
+      )
+    return piece
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -431,12 +435,7 @@ def names() -> tuple[str, ...]:
 
 def engine_names(engine: str) -> tuple[str, ...]:
   """The algorithms an engine implements."""
-  patterns = {cls for cls, e in _PATTERNS if e == engine}
-  return tuple(
-    name
-    for name, e in _REGISTRY.items()
-    if engine in e.engines or patterns.intersection(e.spec.__mro__)
-  )
+  return tuple(name for name, e in _REGISTRY.items() if e.find(engine) is not None)
 
 
 def entry(name: str) -> Entry:
@@ -454,9 +453,6 @@ def algorithm(name: str, **options: Any) -> Spec:
     **options: the spec's fields (``worker_tx``, ``server_tx``, ``message``, ``period``,
       ``normalise``, ``alpha``, ``tau``, ``beta``, ...); an option the algorithm does not have
       raises an error listing those it has.
-
-  Returns:
-    The spec (a frozen dataclass).
   """
   spec = entry(name).spec
   unknown = sorted(set(options) - set(spec.option_names()))

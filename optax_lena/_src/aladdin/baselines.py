@@ -242,9 +242,6 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
     num_workers: n >= 1.
     overlap: 0 (a node mixes this round's messages) or 1 (the previous round's; the paper).
 
-  Returns:
-    An :class:`SGP`.
-
   References:
     Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
     Learning", ICML 2019.
@@ -269,9 +266,8 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
     return (half, w), (half, w)
 
   def mix(numerator: PyTree, weight: Any, msg_numerator: PyTree, msg_weight: Any):
-    return jax.tree.map(jnp.add, numerator, msg_numerator), jnp.asarray(
-      weight, jnp.float32
-    ) + jnp.asarray(msg_weight, jnp.float32)
+    total = jnp.asarray(weight, jnp.float32) + jnp.asarray(msg_weight, jnp.float32)
+    return jax.tree.map(jnp.add, numerator, msg_numerator), total
 
   def debias(numerator: PyTree, weight: Any) -> PyTree:
     def one(x):

@@ -214,9 +214,6 @@ class Runtime:
       eval_every: seconds between evaluations.
       progress: a progress bar on a terminal; elsewhere a line every 15 s.
 
-    Returns:
-      A :class:`RunResult`.
-
     Raises:
       ClusterLostError: the cluster stopped answering for ``stall_timeout`` seconds.
       Interrupted: SIGINT or SIGTERM (the runtime is then shut down).

@@ -110,10 +110,8 @@ class WorkerActor:
 
   def _fold_for(self, step_seconds: float) -> None:
     """Sets the fold to whole periods of messages, as many as this worker computes in
-    ``config.fold_seconds`` (1 period at least, the outbox's ``max_fold`` at most): a Ray call
-    costs the worker and the shard a fixed CPU time that short steps would otherwise pay every
-    period, while the first message of a fold still reaches the shards at most about
-    ``fold_seconds`` later."""
+    ``config.fold_seconds`` (1 period at least, the outbox's ``max_fold`` at most;
+    ``docs/ALADDIN-ray.md`` says why)."""
     assert self.outbox is not None
     period, most = self.outbox.unit, self.outbox.max_fold
     periods = int(self.config.fold_seconds // max(period * step_seconds, 1e-9))

@@ -210,9 +210,6 @@ def simulate(
     record_events: keep ``(time, kind, worker)`` of every worker event in the result.
     profile: block on and time every JAX call (``SimResult.jax_time``), to measure the
       simulator's own overhead.
-
-  Returns:
-    A :class:`SimResult`.
   """
   return Simulator(alg, problem).run(
     cluster,
