@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from optax_lena._src.aladdin import checks
+from optax_lena._src.aladdin.baselines import asp_server, easgd_server, sgp
+from optax_lena._src.aladdin.server import parameter_server
 from optax_lena._src.aladdin.worker import (
   LocalState,
   WorkerProgram,
@@ -160,8 +162,6 @@ class Aladdin(Spec):
     self.resolved_server_tx  # noqa: B018 -- raises for gradient messages without a server_tx
 
   def server(self, num_workers: int) -> Server:
-    from optax_lena._src.aladdin.server import parameter_server
-
     return parameter_server(
       num_workers,
       self.resolved_server_tx,
@@ -249,8 +249,6 @@ class Asp(Symmetric):
     return stepping_program(_gradient_step(loss_fn), None)
 
   def server(self, num_workers: int) -> Server:
-    from optax_lena._src.aladdin.baselines import asp_server
-
     del num_workers
     self.check_trainable()
     assert self.server_tx is not None
@@ -282,8 +280,6 @@ class Easgd(Symmetric):
     return self.tau
 
   def server(self, num_workers: int) -> Server:
-    from optax_lena._src.aladdin.baselines import easgd_server
-
     return easgd_server(num_workers, beta=self.beta, tau=self.tau)
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
@@ -320,8 +316,6 @@ class Sgp(Spec):
 
   def gossip(self, num_workers: int) -> Any:
     """The push-sum pieces (``al.sgp``) for ``num_workers`` workers."""
-    from optax_lena._src.aladdin.baselines import sgp
-
     return sgp(num_workers, overlap=self.overlap)
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:

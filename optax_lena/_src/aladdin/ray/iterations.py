@@ -12,14 +12,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS, Plan
 from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.rendezvous import Mailbox, Reducer
+from optax_lena._src.aladdin.server import Reply, all_finite
 
 Stats = dict[str, float]
 
@@ -35,8 +41,6 @@ runs = algorithms.attacher("ray")
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
   """``fn(*args)`` waited for, and its seconds."""
-  import jax
-
   t0 = time.perf_counter()
   out = jax.block_until_ready(fn(*args))
   return out, time.perf_counter() - t0
@@ -118,24 +122,16 @@ class Iteration:
   @staticmethod
   def plan(spec: Any) -> Any:
     """How this algorithm's messages travel (one message per call, a reply to each)."""
-    from optax_lena._src.aladdin.ray.config import Plan
-
     return Plan(period=1, max_fold=1, block=1)
 
   def step_time(self, batch: Any) -> float:
     """The median seconds of 5 local steps (results discarded: the model does not move)."""
-    import statistics
-
     return statistics.median(timed(self.plain, self.local.state, batch)[1] for _ in range(5))
 
 
 def flat_reply(layout: FlatLayout, global_flat: Any, alphas: Any) -> Any:
   """The shards' replies as one :class:`~optax_lena._src.aladdin.server.Reply` (traceable):
   x~ in the wire's dtype and each shard's weight on its slice."""
-  import jax.numpy as jnp
-
-  from optax_lena._src.aladdin.server import Reply
-
   alpha = alphas[0] if layout.num_shards == 1 else layout.unravel(layout.per_element(alphas), False)
   return Reply(jnp.asarray(True), layout.unravel(global_flat, False), alpha)
 
@@ -146,10 +142,6 @@ class Served(Iteration):
   global updates in order)."""
 
   def __init__(self, local: Local, spec: Any):
-    import jax
-
-    from optax_lena._src.aladdin.server import all_finite
-
     super().__init__(local, spec)
     program, layout = local.program, local.layout
 
@@ -261,8 +253,6 @@ class AladdinIteration(Served):
   def plan(spec: Any) -> Any:
     """Calls of up to ``FOLD_PERIODS`` periods of messages, applied by the shards in blocks of
     up to ``BLOCK_PERIODS`` periods."""
-    from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS, Plan
-
     period = int(spec.period)
     return Plan(period=period, max_fold=FOLD_PERIODS * period, block=BLOCK_PERIODS * period)
 
@@ -330,10 +320,6 @@ class ArSgdIteration(Iteration):
   worker."""
 
   def __init__(self, local: Local, spec: Any):
-    import jax
-
-    from optax_lena._src.aladdin.server import all_finite
-
     super().__init__(local, spec)
     program, layout = local.program, local.layout
 
@@ -350,8 +336,6 @@ class ArSgdIteration(Iteration):
 
   @staticmethod
   def start_peers(driver: Any, ray: Any) -> None:
-    from optax_lena._src.aladdin.ray.rendezvous import Reducer
-
     n, shards = driver.config.num_workers, driver.config.ps_shards
     driver.peers = [driver._start_meeting(ray, Reducer, n) for _ in range(shards)]
 
@@ -402,8 +386,6 @@ class SgpIteration(Iteration):
   it at most until the deadline (a chunk that ends first mixes it at the start of the next)."""
 
   def __init__(self, local: Local, spec: Any):
-    import jax
-
     super().__init__(local, spec)
     program, layout = local.program, local.layout
     self.overlap = spec.overlap
@@ -421,8 +403,6 @@ class SgpIteration(Iteration):
 
   @staticmethod
   def start_peers(driver: Any, ray: Any) -> None:
-    from optax_lena._src.aladdin.ray.rendezvous import Mailbox
-
     driver.peers = [driver._start_meeting(ray, Mailbox)]
 
   @staticmethod

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from optax_lena._src.aladdin.ray.config import ClusterLostError
+
 Submit = list[tuple[int, Any]]  # (worker, ObjectRef of its call)
 # A worker's statistics, summed over its calls.
 TOTALS = ("iterations", "compute_s", "sleep_s", "wait_s", "busy_s")
@@ -97,8 +99,6 @@ def drive(
     tick: ``tick(now)`` after every wait (evaluations).
   """
   import ray
-
-  from optax_lena._src.aladdin.ray.config import ClusterLostError
 
   totals: list[dict[str, Any]] = [{} for _ in range(num_workers)]
   inflight = dict((ref, i) for i, ref in schedule.start())

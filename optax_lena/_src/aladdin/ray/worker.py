@@ -9,10 +9,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
+from optax_lena._src.aladdin.ray import cores as placement
 from optax_lena._src.aladdin.ray.config import Config, Task
 from optax_lena._src.aladdin.ray.iterations import Local, MailboxLink, ReducerLink
 from optax_lena._src.aladdin.ray.layout import FlatLayout
@@ -42,10 +44,7 @@ class WorkerActor:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
       # before JAX starts its backend, in the first computation below.
       os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import jax
     import ray
-
-    from optax_lena._src.aladdin.ray import cores as placement
 
     ray_threads = placement.thread_ids()
     self.threads_limited = placement.limit_intra_op_threads(threads)
@@ -53,7 +52,7 @@ class WorkerActor:
     self.cores = list(claim.cores) if claim else []
     if nice:
       os.nice(nice)
-    self.index, self.task, self.config = index, task, config
+    self.index, self.config = index, config
     self.shards = list(shards)
     self.layout = layout = FlatLayout(task.init_params, config.ps_shards)
     plan = config.plan
@@ -193,8 +192,6 @@ class WorkerActor:
 
   def get_params(self) -> Any:
     """The local model x_i (NumPy; SGP: the de-biased model), pending replies merged."""
-    import jax
-
     return jax.tree.map(np.asarray, jax.device_get(self.algorithm.local_params()))
 
   def info(self) -> dict[str, Any]:
