@@ -85,8 +85,7 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
     server_tx: the Optax transformation applied to every gradient.
 
   Returns:
-    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, reply)`` answers the new x~
-    with ``alpha`` 1 and ``ready`` True (``worker`` is not used).
+    An :class:`ASPServer`, whose reply adopts the new x~ (``worker`` is not used).
 
   References:
     Recht et al., Hogwild!, NeurIPS 2011.
@@ -149,9 +148,8 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     tau: the communication period in local steps (>= 1); kept on the server for the caller.
 
   Returns:
-    An :class:`EASGDServer`; ``receive(state, local_params, worker) -> (state, reply)`` answers
-    the worker's new local model with ``alpha`` 1 and ``ready`` True; ``exchange`` returns that
-    model itself. Leaf dtypes are kept; the computation is in float32 or wider.
+    An :class:`EASGDServer`, whose reply adopts the worker's new local model (leaf dtypes are
+    kept; the computation is in float32 or wider).
 
   References:
     Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015.

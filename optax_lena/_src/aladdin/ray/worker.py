@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import ray
 
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
@@ -44,8 +45,6 @@ class WorkerActor:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
       # before JAX starts its backend, in the first computation below.
       os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import ray
-
     ray_threads = placement.thread_ids()
     self.threads_limited = placement.limit_intra_op_threads(threads)
     claim = placement.pin_step(cores, ray_threads) if self.threads_limited else None
@@ -118,8 +117,6 @@ class WorkerActor:
 
   def _open_ring(self, run: str, fold: int, replies: int) -> channel.Ring | None:
     """The worker's shared-memory ring where every shard runs on its node (else None)."""
-    import ray
-
     here = ray.get_runtime_context().get_node_id()
     if any(s["node_id"] != here for s in ray.get([s.stats.remote() for s in self.shards])):
       return None
@@ -128,8 +125,6 @@ class WorkerActor:
     return channel.open_ring(run, self.index, regions, fold, replies, size, dtype)
 
   def _fetch_global(self) -> tuple[Any, int]:
-    import ray
-
     replies = ray.get([s.params.remote() for s in self.shards])
     vector = self.layout.join([p for p, _ in replies])
     return self.layout.to_tree(vector), min(n for _, n in replies)
@@ -197,8 +192,6 @@ class WorkerActor:
   def info(self) -> dict[str, Any]:
     """Identity (pid, node, incarnation, global updates at start), running totals, messages
     sent per shard, devices and the accelerators Ray assigned."""
-    import ray
-
     context = ray.get_runtime_context()
     return {
       **self._identity(),

@@ -191,10 +191,8 @@ def paper_cluster(
   Args:
     compute_time: seconds per iteration of a normal worker.
     slowdown: worker 0's slowdown factor (``PAPER_SLOWDOWNS``).
-    num_workers: n (8 in the paper).
-    num_shards: PS shards (one per machine by default).
-    ps_cost_per_byte: PS processing cost (0.5 ns/byte: 2 GB/s of gradient per shard).
-    send_buffer: messages an ALADDIN worker may have queued on its uplink (None: unbounded).
+    num_workers, num_shards, ps_cost_per_byte, send_buffer: the :class:`Cluster` fields
+      (n, one shard per machine, 2 GB/s of gradient per shard and 1 by default, the paper's).
   """
   return make_cluster(
     num_workers,
