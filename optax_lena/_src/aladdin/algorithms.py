@@ -162,12 +162,9 @@ class Aladdin(Spec):
     self.resolved_server_tx  # noqa: B018 -- raises for gradient messages without a server_tx
 
   def server(self, num_workers: int) -> Server:
+    tx = self.resolved_server_tx
     return parameter_server(
-      num_workers,
-      self.resolved_server_tx,
-      period=self.period,
-      normalise=self.normalise,
-      alpha=self.alpha,
+      num_workers, tx, period=self.period, normalise=self.normalise, alpha=self.alpha
     )
 
   def worker_step(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
