@@ -104,10 +104,9 @@ class ArSgdProcess(Process):
 
   def reduced(self) -> None:
     self.compute.cluster_step(self.workers)
-    for w in self.workers:
-      w.messages += 1
     self.count_samples(self.n * self.batch_size)
     for w in self.workers:
+      w.messages += 1
       self.begin(w)
 
 

@@ -108,10 +108,8 @@ class Simulator:
   def compute(self, num_workers: int) -> Compute:
     """The compute object for ``num_workers`` workers (built, and compiled, once)."""
     if num_workers not in self._computes:
-      if self.problem is None:
-        self._computes[num_workers] = Compute()
-      else:
-        self._computes[num_workers] = Training(self.alg, self.problem, num_workers)
+      compute = Compute() if self.problem is None else Training(self.alg, self.problem, num_workers)
+      self._computes[num_workers] = compute
     return self._computes[num_workers]
 
   def run(
