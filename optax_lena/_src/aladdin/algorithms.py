@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from optax_lena._src.aladdin import checks
+from optax_lena._src.aladdin.baselines import asp_server, easgd_server, sgp
+from optax_lena._src.aladdin.server import parameter_server
 from optax_lena._src.aladdin.worker import (
   LocalState,
   WorkerProgram,
@@ -160,14 +162,9 @@ class Aladdin(Spec):
     self.resolved_server_tx  # noqa: B018 -- raises for gradient messages without a server_tx
 
   def server(self, num_workers: int) -> Server:
-    from optax_lena._src.aladdin.server import parameter_server
-
+    tx = self.resolved_server_tx
     return parameter_server(
-      num_workers,
-      self.resolved_server_tx,
-      period=self.period,
-      normalise=self.normalise,
-      alpha=self.alpha,
+      num_workers, tx, period=self.period, normalise=self.normalise, alpha=self.alpha
     )
 
   def worker_step(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -249,8 +246,6 @@ class Asp(Symmetric):
     return stepping_program(_gradient_step(loss_fn), None)
 
   def server(self, num_workers: int) -> Server:
-    from optax_lena._src.aladdin.baselines import asp_server
-
     del num_workers
     self.check_trainable()
     assert self.server_tx is not None
@@ -282,8 +277,6 @@ class Easgd(Symmetric):
     return self.tau
 
   def server(self, num_workers: int) -> Server:
-    from optax_lena._src.aladdin.baselines import easgd_server
-
     return easgd_server(num_workers, beta=self.beta, tau=self.tau)
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
@@ -320,8 +313,6 @@ class Sgp(Spec):
 
   def gossip(self, num_workers: int) -> Any:
     """The push-sum pieces (``al.sgp``) for ``num_workers`` workers."""
-    from optax_lena._src.aladdin.baselines import sgp
-
     return sgp(num_workers, overlap=self.overlap)
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:
@@ -370,18 +361,22 @@ class Entry:
       raise ValueError(f"{self.spec.name!r} already has a {engine} implementation.")
     self.engines[engine] = piece
 
-  def engine(self, engine: str) -> Any:
+  def find(self, engine: str) -> Any:
     """The piece ``engine`` attached to this algorithm or to the nearest base class of its spec
-    (an error naming the fix if there is none)."""
+    (None if there is none)."""
     if engine in self.engines:
       return self.engines[engine]
-    for cls in self.spec.__mro__:
-      if (cls, engine) in _PATTERNS:
-        return _PATTERNS[cls, engine]
-    raise ValueError(
-      f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
-      f"{engine_names(engine)}."
-    )
+    return next((_PATTERNS[c, engine] for c in self.spec.__mro__ if (c, engine) in _PATTERNS), None)
+
+  def engine(self, engine: str) -> Any:
+    """:meth:`find`, with an error naming the fix if there is none."""
+    piece = self.find(engine)
+    if piece is None:
+      raise ValueError(
+        f"Algorithm {self.spec.name!r} has no {engine} implementation; the {engine} supports "
+        f"{engine_names(engine)}."
+      )
+    return piece
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -431,12 +426,7 @@ def names() -> tuple[str, ...]:
 
 def engine_names(engine: str) -> tuple[str, ...]:
   """The algorithms an engine implements."""
-  patterns = {cls for cls, e in _PATTERNS if e == engine}
-  return tuple(
-    name
-    for name, e in _REGISTRY.items()
-    if engine in e.engines or patterns.intersection(e.spec.__mro__)
-  )
+  return tuple(name for name, e in _REGISTRY.items() if e.find(engine) is not None)
 
 
 def entry(name: str) -> Entry:
@@ -454,9 +444,6 @@ def algorithm(name: str, **options: Any) -> Spec:
     **options: the spec's fields (``worker_tx``, ``server_tx``, ``message``, ``period``,
       ``normalise``, ``alpha``, ``tau``, ``beta``, ...); an option the algorithm does not have
       raises an error listing those it has.
-
-  Returns:
-    The spec (a frozen dataclass).
   """
   spec = entry(name).spec
   unknown = sorted(set(options) - set(spec.option_names()))

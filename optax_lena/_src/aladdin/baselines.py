@@ -85,8 +85,7 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
     server_tx: the Optax transformation applied to every gradient.
 
   Returns:
-    An :class:`ASPServer`; ``receive(state, grads, worker) -> (state, reply)`` answers the new x~
-    with ``alpha`` 1 and ``ready`` True (``worker`` is not used).
+    An :class:`ASPServer`, whose reply adopts the new x~ (``worker`` is not used).
 
   References:
     Recht et al., Hogwild!, NeurIPS 2011.
@@ -149,9 +148,8 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     tau: the communication period in local steps (>= 1); kept on the server for the caller.
 
   Returns:
-    An :class:`EASGDServer`; ``receive(state, local_params, worker) -> (state, reply)`` answers
-    the worker's new local model with ``alpha`` 1 and ``ready`` True; ``exchange`` returns that
-    model itself. Leaf dtypes are kept; the computation is in float32 or wider.
+    An :class:`EASGDServer`, whose reply adopts the worker's new local model (leaf dtypes are
+    kept; the computation is in float32 or wider).
 
   References:
     Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015.
@@ -242,9 +240,6 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
     num_workers: n >= 1.
     overlap: 0 (a node mixes this round's messages) or 1 (the previous round's; the paper).
 
-  Returns:
-    An :class:`SGP`.
-
   References:
     Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
     Learning", ICML 2019.
@@ -269,9 +264,8 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
     return (half, w), (half, w)
 
   def mix(numerator: PyTree, weight: Any, msg_numerator: PyTree, msg_weight: Any):
-    return jax.tree.map(jnp.add, numerator, msg_numerator), jnp.asarray(
-      weight, jnp.float32
-    ) + jnp.asarray(msg_weight, jnp.float32)
+    total = jnp.asarray(weight, jnp.float32) + jnp.asarray(msg_weight, jnp.float32)
+    return jax.tree.map(jnp.add, numerator, msg_numerator), total
 
   def debias(numerator: PyTree, weight: Any) -> PyTree:
     def one(x):
@@ -281,7 +275,7 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
 
     return jax.tree.map(one, numerator)
 
-  def init_fn(params: PyTree) -> SGPState:
+  def init(params: PyTree) -> SGPState:
     stacked = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_workers, *jnp.shape(p))), params)
     return SGPState(
       numerators=jax.tree.map(jnp.array, stacked),
@@ -312,15 +306,5 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
     return SGPState(x, w, flight_x, flight_w, state.step + 1)
 
   return SGP(
-    num_workers,
-    overlap,
-    num_peers,
-    init_fn,
-    peer,
-    send,
-    mix,
-    debias,
-    debiased,
-    apply_updates,
-    gossip,
+    num_workers, overlap, num_peers, init, peer, send, mix, debias, debiased, apply_updates, gossip
   )

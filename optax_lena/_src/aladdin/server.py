@@ -142,14 +142,11 @@ def parameter_server(
   normalise: str = "mean_of_locals",
   alpha: str | float = "count",
 ) -> ParameterServer:
-  """ALADDIN's parameter server: Algorithm 2 for one gradient message at a time.
-
-  On a message ``g_i`` from worker i: ``c~ += 1, c_i += 1, g~ += g_i``; when ``c_i >= period``,
-  ``x~ <- x~ + server_tx(normalise(g~))``, reply ``(x~, alpha_i)`` and reset ``g~, c~, c_i``.
-  ``docs/ALADDIN.md`` (section 3) gives the choices where the printed algorithm is ambiguous.
-  A message holding a NaN or an Inf (summed in float32, so a sum past 3.4e38 too) or, traced,
-  from a worker outside ``[0, num_workers)`` is rejected: only ``num_rejected`` moves and the
-  reply is not ready; a concrete unknown worker raises ``IndexError``.
+  """ALADDIN's parameter server: Algorithm 2 for one gradient message at a time
+  (``docs/ALADDIN.md``, section 3, states the update, its choices, ``serve`` and
+  ``serve_many``). A message holding a NaN or an Inf (summed in float32, so a sum past 3.4e38
+  too) or, traced, from a worker outside ``[0, num_workers)`` is rejected: only ``num_rejected``
+  moves and the reply is not ready; a concrete unknown worker raises ``IndexError``.
 
   Args:
     num_workers: n, the number of workers (indices ``0 .. n-1``).
@@ -161,18 +158,9 @@ def parameter_server(
       in [0, 1].
 
   Returns:
-    A :class:`ParameterServer`; ``worker`` is a Python int or an int32 scalar (traced under
-    ``jit``) in all of its functions:
-
-    * ``init(params) -> ServerState``; ``receive(state, grads, worker) -> (state, Reply)``.
-    * ``serve(state, grads, worker, accept=None) -> (state, ready, alpha)``: ``receive`` for a
-      loop that jits it with the state donated (the reply's model is ``state.params``, so no
-      message pays a copy of x~); ``accept``, the sender's finiteness verdict on the whole
-      message (a bool scalar), replaces the server's own pass over it.
-    * ``serve_many(state, messages, worker, accept=None) -> (state, n, alphas, replies)``: ``k``
-      calls of ``serve`` for ``k`` messages of one worker stacked on a leading axis, with the
-      same values (only the sign of a zero in the reset g~ may differ); the ``n`` global updates
-      they triggered are ``alphas[:n]`` and ``replies[:n]`` (x~ after each).
+    A :class:`ParameterServer`; in all of its functions ``worker`` is a Python int or an int32
+    scalar (traced under ``jit``), and ``accept``, the sender's finiteness verdict on each whole
+    message (bool), replaces the server's own pass over it.
   """
   num_workers = checks.check_num_workers(num_workers)
   period = checks.check_period(period)
@@ -215,11 +203,8 @@ def parameter_server(
     updates, opt_state = server_tx.update(step, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  def receive_fn(state: ServerState, grads: PyTree, worker: Any) -> tuple[ServerState, Reply]:
-    return receive_accepting(state, grads, worker, None)
-
-  def receive_accepting(
-    state: ServerState, grads: PyTree, worker: Any, accept: jax.Array | None
+  def receive_fn(
+    state: ServerState, grads: PyTree, worker: Any, accept: jax.Array | None = None
   ) -> tuple[ServerState, Reply]:
     in_range, index = worker_slot(state, worker)
     checks.check_like_params(grads, state.params, "grads", _GRADS_FIX)
@@ -265,7 +250,7 @@ def parameter_server(
 
   def serve_fn(state: ServerState, grads: PyTree, worker: Any, accept: Any = None):
     verdict = None if accept is None else jnp.asarray(accept, bool).reshape(())
-    state, reply = receive_accepting(state, grads, worker, verdict)
+    state, reply = receive_fn(state, grads, worker, verdict)
     return state, reply.ready, reply.alpha
 
   def serve_many_fn(state: ServerState, messages: PyTree, worker: Any, accept: Any = None):

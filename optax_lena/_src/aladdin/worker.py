@@ -74,9 +74,6 @@ def local_optimizer(
     momentum: momentum coefficient (0.9 in the paper).
     weight_decay: L2 coefficient added to the gradient (1e-4 in the paper).
     nesterov: Nesterov momentum (not used by the paper).
-
-  Returns:
-    An ``optax.GradientTransformation``.
   """
   return optax.chain(
     optax.add_decayed_weights(weight_decay),
@@ -106,22 +103,16 @@ def local_step(
   message: str = "update",
   has_aux: bool = False,
 ) -> Callable[[PyTree, optax.OptState, Any], tuple[PyTree, optax.OptState, PyTree, Any]]:
-  """The worker's iteration of Algorithm 1 (lines 1-3): mini-batch gradient, self-update, message.
-
-  Returns a pure, jittable ``step(params, opt_state, batch) -> (params, opt_state, message,
-  loss)``: ``params`` after the self-update ``x_i <- x_i + tx(g)`` and ``message`` what the
-  worker pushes: ``"gradient"``, the raw gradient at the parameters before the update (Algorithm
-  1 as printed), or ``"update"``, its own displacement ``x_before - x_after`` (the recipe;
-  ``docs/ALADDIN.md``, section 2). Merging a reply is :func:`worker_merge`.
+  """The worker's iteration of Algorithm 1 (lines 1-3), a pure, jittable ``step(params,
+  opt_state, batch) -> (params, opt_state, message, loss)``: the self-update ``x_i <- x_i +
+  tx(g)``, and the message (``docs/ALADDIN.md``, section 2): the gradient at the parameters
+  before the update, or the displacement ``x_before - x_after``.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> loss`` (a scalar; with ``has_aux``, ``(loss, aux)``).
     tx: the local optimizer, any Optax transformation (the paper's: :func:`local_optimizer`).
     message: ``"gradient"`` or ``"update"``.
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``; ``loss`` is then that pair.
-
-  Returns:
-    The step function.
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable as loss_fn(params, batch), got {loss_fn!r}.")

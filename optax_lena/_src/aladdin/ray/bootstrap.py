@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
 
 # Ray's switch for "multi-node clusters allowed" doubles as the one that makes a local node
@@ -252,8 +253,6 @@ def remove_rings_on_other_nodes(run: str, timeout: float = 20.0) -> dict[str, li
   Returns the paths removed by node id, for the nodes that answered within ``timeout`` s."""
   import ray
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-  from optax_lena._src.aladdin.ray import channel
 
   remove = ray.remote(num_cpus=0, max_retries=0)(channel.remove_rings)
   refs = {

@@ -1,12 +1,7 @@
-"""A worker's messages to the PS shards on its own node, and their replies, through shared memory.
-
-A Ray call copies its inline arguments through gRPC, which for a fold of a small model's
-messages costs each process several times the call itself. So a worker whose shards all run on
-its node writes each fold into a :class:`Ring` of its own in ``/dev/shm``, which the shards map
-too, and the call carries only a :class:`Rows` record; a shard writes the slices it replies
-with into the same ring (``docs/ALADDIN-ray.md``, "Shared memory on one node", gives the ring's
-life cycle). A region is written only by the call that uses it and reused only once every shard
-has answered that call and its replies have been copied out.
+"""A worker's messages to the PS shards on its own node, and their replies, through a
+shared-memory :class:`Ring` of its own in ``/dev/shm``, whose rows a Ray call names by a
+:class:`Rows` record (``docs/ALADDIN-ray.md``, "Shared memory on one node", says why and gives
+the ring's life cycle).
 
 A shard maps only a regular file of its own user in that directory, never through a symbolic
 link: the record comes from another process, and the directory is shared by every local user.

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ray
+
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import bootstrap, channel, schedulers, shard_checkpoints
 from optax_lena._src.aladdin.ray.config import ClusterLostError, Config, RunResult, Task
@@ -25,9 +27,8 @@ class Runtime:
 
   Use as a context manager (or call :meth:`shutdown`): actors are killed and, when this runtime
   started the local cluster, the cluster is shut down, also on Ctrl-C, SIGTERM or an error, at
-  any moment from the constructor on. A signal ends in :class:`Interrupted` (a
-  ``KeyboardInterrupt`` carrying the signal and the exit code 130 / 143) once everything is
-  down.
+  any moment from the constructor on. A signal ends in :class:`Interrupted` once everything
+  is down.
 
   Args:
     task: what to train.
@@ -49,8 +50,6 @@ class Runtime:
     temp_dir: str | None = None,
     stall_timeout: float = 30.0,
   ):
-    import ray
-
     if not isinstance(task, Task) or not isinstance(config, Config):
       raise TypeError("Runtime(task, config) takes an ad.Task and an ad.Config.")
     self.task, self.config, self.stall_timeout = task, config, stall_timeout
@@ -115,8 +114,6 @@ class Runtime:
 
   def _get(self, refs: Any, timeout: float | None) -> Any:
     """``ray.get`` that a signal cannot be lost in (polled once a second)."""
-    import ray
-
     start = time.time()
     pending = list(refs) if isinstance(refs, list) else [refs]
     while True:
@@ -139,8 +136,6 @@ class Runtime:
   def shutdown(self, checkpoint: bool = True) -> None:
     """Saves the shards (when checkpointing), kills every actor, stops an owned cluster; a
     signal received meanwhile is acted on afterwards (:class:`Interrupted`)."""
-    import ray
-
     if self._closed:
       return
     with self.signals.deferred():
@@ -214,15 +209,10 @@ class Runtime:
       eval_every: seconds between evaluations.
       progress: a progress bar on a terminal; elsewhere a line every 15 s.
 
-    Returns:
-      A :class:`RunResult`.
-
     Raises:
       ClusterLostError: the cluster stopped answering for ``stall_timeout`` seconds.
       Interrupted: SIGINT or SIGTERM (the runtime is then shut down).
     """
-    import ray
-
     config, n = self.config, self.config.num_workers
     if config.deterministic:
       if iterations is None or iterations < 1:

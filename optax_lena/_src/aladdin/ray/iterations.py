@@ -12,14 +12,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS, Plan
 from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.rendezvous import Mailbox, Reducer
+from optax_lena._src.aladdin.server import Reply, all_finite
 
 Stats = dict[str, float]
 
@@ -35,8 +41,6 @@ runs = algorithms.attacher("ray")
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
   """``fn(*args)`` waited for, and its seconds."""
-  import jax
-
   t0 = time.perf_counter()
   out = jax.block_until_ready(fn(*args))
   return out, time.perf_counter() - t0
@@ -118,24 +122,16 @@ class Iteration:
   @staticmethod
   def plan(spec: Any) -> Any:
     """How this algorithm's messages travel (one message per call, a reply to each)."""
-    from optax_lena._src.aladdin.ray.config import Plan
-
     return Plan(period=1, max_fold=1, block=1)
 
   def step_time(self, batch: Any) -> float:
     """The median seconds of 5 local steps (results discarded: the model does not move)."""
-    import statistics
-
     return statistics.median(timed(self.plain, self.local.state, batch)[1] for _ in range(5))
 
 
 def flat_reply(layout: FlatLayout, global_flat: Any, alphas: Any) -> Any:
   """The shards' replies as one :class:`~optax_lena._src.aladdin.server.Reply` (traceable):
   x~ in the wire's dtype and each shard's weight on its slice."""
-  import jax.numpy as jnp
-
-  from optax_lena._src.aladdin.server import Reply
-
   alpha = alphas[0] if layout.num_shards == 1 else layout.unravel(layout.per_element(alphas), False)
   return Reply(jnp.asarray(True), layout.unravel(global_flat, False), alpha)
 
@@ -146,10 +142,6 @@ class Served(Iteration):
   global updates in order)."""
 
   def __init__(self, local: Local, spec: Any):
-    import jax
-
-    from optax_lena._src.aladdin.server import all_finite
-
     super().__init__(local, spec)
     program, layout = local.program, local.layout
 
@@ -239,10 +231,11 @@ class Served(Iteration):
     compute = time.perf_counter() - t0
     return message, finite, compute, self.local.sleep_for(compute)
 
-  def exchange(self, message: np.ndarray, finite: bool) -> float:
-    """Sends the message, waits for the answer and keeps it; returns the seconds waited."""
+  def exchange(self, message: np.ndarray, finite: bool, wait_reply: bool = True) -> float:
+    """Sends the message and keeps the replies that have arrived (``wait_reply``: after
+    waiting for its own); returns the seconds waited."""
     outbox = self.local.transport
-    wait = outbox.push(message, finite) + outbox.flush()
+    wait = outbox.push(message, finite) + (outbox.flush() if wait_reply else 0.0)
     self.accept(outbox.take())
     return wait
 
@@ -260,8 +253,6 @@ class AladdinIteration(Served):
   def plan(spec: Any) -> Any:
     """Calls of up to ``FOLD_PERIODS`` periods of messages, applied by the shards in blocks of
     up to ``BLOCK_PERIODS`` periods."""
-    from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS, Plan
-
     period = int(spec.period)
     return Plan(period=period, max_fold=FOLD_PERIODS * period, block=BLOCK_PERIODS * period)
 
@@ -272,13 +263,14 @@ class AladdinIteration(Served):
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     if sync or deadline is None or self.local.slowdown > 1.0:
-      return self._send(*self.step(), sync)
+      # sync: the deterministic schedule, every reply merged before the next message.
+      message, finite, compute, sleep = self.step()
+      return _stats(compute, sleep, self.exchange(message, finite, wait_reply=sync))
     while len(self.inflight) < STEPS_AHEAD:
       self.inflight.append(self.dispatch())
     return self._complete(ahead=True)
 
   def finish(self) -> Stats | None:
-    """Completes the oldest step in flight (called until None at the end of a chunk)."""
     return self._complete(ahead=False) if self.inflight else None
 
   def _complete(self, ahead: bool) -> Stats:
@@ -292,19 +284,9 @@ class AladdinIteration(Served):
     ready = time.perf_counter()
     since = ready - max(dispatched, self.last_ready)
     compute = max(0.0, since - self.waited)
-    stats = self._send(message, ok, compute, 0.0, False)
+    stats = _stats(compute, 0.0, self.exchange(message, ok, wait_reply=False))
     self.last_ready, self.waited = ready, stats["wait_s"]
     return stats
-
-  def _send(
-    self, message: np.ndarray, finite: bool, compute: float, sleep: float, sync: bool
-  ) -> Stats:
-    if sync:  # the deterministic schedule: every reply merged before the next message
-      return _stats(compute, sleep, self.exchange(message, finite))
-    outbox = self.local.transport
-    wait = outbox.push(message, finite)
-    self.accept(outbox.take())
-    return _stats(compute, sleep, wait)
 
 
 @runs(algorithms.Symmetric)
@@ -338,10 +320,6 @@ class ArSgdIteration(Iteration):
   worker."""
 
   def __init__(self, local: Local, spec: Any):
-    import jax
-
-    from optax_lena._src.aladdin.server import all_finite
-
     super().__init__(local, spec)
     program, layout = local.program, local.layout
 
@@ -358,8 +336,6 @@ class ArSgdIteration(Iteration):
 
   @staticmethod
   def start_peers(driver: Any, ray: Any) -> None:
-    from optax_lena._src.aladdin.ray.rendezvous import Reducer
-
     n, shards = driver.config.num_workers, driver.config.ps_shards
     driver.peers = [driver._start_meeting(ray, Reducer, n) for _ in range(shards)]
 
@@ -410,8 +386,6 @@ class SgpIteration(Iteration):
   it at most until the deadline (a chunk that ends first mixes it at the start of the next)."""
 
   def __init__(self, local: Local, spec: Any):
-    import jax
-
     super().__init__(local, spec)
     program, layout = local.program, local.layout
     self.overlap = spec.overlap
@@ -429,8 +403,6 @@ class SgpIteration(Iteration):
 
   @staticmethod
   def start_peers(driver: Any, ray: Any) -> None:
-    from optax_lena._src.aladdin.ray.rendezvous import Mailbox
-
     driver.peers = [driver._start_meeting(ray, Mailbox)]
 
   @staticmethod

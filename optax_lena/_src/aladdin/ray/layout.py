@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 PyTree = Any
@@ -21,8 +23,6 @@ class FlatLayout:
   """
 
   def __init__(self, params: PyTree, num_shards: int):
-    import jax
-
     leaves, self.treedef = jax.tree.flatten(params)
     if not leaves:
       raise ValueError("The model has no parameters (an empty pytree).")
@@ -44,9 +44,6 @@ class FlatLayout:
 
   def ravel(self, tree: PyTree, xp: Any = None) -> Any:
     """The tree as one vector of ``self.dtype`` (traceable; ``xp=np``: in NumPy, on the host)."""
-    import jax
-    import jax.numpy as jnp
-
     xp = jnp if xp is None else xp
     return xp.concatenate(
       [xp.ravel(xp.asarray(x)).astype(self.dtype) for x in jax.tree.leaves(tree)]
@@ -55,8 +52,6 @@ class FlatLayout:
   def unravel(self, vector: Any, cast: bool = True) -> PyTree:
     """The inverse of :meth:`ravel`, every leaf in its own shape and dtype (traceable; with
     ``cast=False`` in the vector's dtype)."""
-    import jax
-
     offsets = np.cumsum([0, *self.sizes])
     leaves = [
       vector[a:b].reshape(shape).astype(dtype if cast else vector.dtype)
@@ -66,8 +61,6 @@ class FlatLayout:
 
   def per_element(self, per_shard: Any) -> Any:
     """A ``[num_shards]`` vector repeated over each shard's slice (traceable)."""
-    import jax.numpy as jnp
-
     if self.num_shards == 1:
       return per_shard[0]
     return jnp.repeat(per_shard, np.asarray(self.shard_sizes), total_repeat_length=self.size)

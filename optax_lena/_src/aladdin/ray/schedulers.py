@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from optax_lena._src.aladdin.ray.config import ClusterLostError
+
 Submit = list[tuple[int, Any]]  # (worker, ObjectRef of its call)
 # A worker's statistics, summed over its calls.
 TOTALS = ("iterations", "compute_s", "sleep_s", "wait_s", "busy_s")
@@ -60,20 +62,15 @@ class Lockstep:
   that waits for its replies, one after the other (AR-SGD: all n at once, its barrier)."""
 
   def __init__(self, workers: list[Any], iterations: int, together: bool):
-    self.workers, self.iterations, self.together = workers, iterations, together
-    self.calls = [(k, i) for k in range(iterations) for i in range(len(workers))]
-    self.next = 0
-    self.running = 0
+    self.workers, self.together = workers, together
+    self.calls = iterations * len(workers)  # call c is worker c % n's, in round c // n
+    self.next = self.running = 0
 
   def _submit(self) -> Submit:
-    out: Submit = []
-    count = len(self.workers) if self.together else 1
-    for _ in range(count):
-      if self.next < len(self.calls):
-        _, i = self.calls[self.next]
-        out.append((i, self.workers[i].step_sync.remote()))
-        self.next += 1
-    self.running = len(out)
+    n = len(self.workers)
+    stop = min(self.calls, self.next + (n if self.together else 1))
+    out = [(c % n, self.workers[c % n].step_sync.remote()) for c in range(self.next, stop)]
+    self.next, self.running = stop, len(out)
     return out
 
   def start(self) -> Submit:
@@ -102,8 +99,6 @@ def drive(
     tick: ``tick(now)`` after every wait (evaluations).
   """
   import ray
-
-  from optax_lena._src.aladdin.ray.config import ClusterLostError
 
   totals: list[dict[str, Any]] = [{} for _ in range(num_workers)]
   inflight = dict((ref, i) for i, ref in schedule.start())

@@ -10,17 +10,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src.aladdin.ray import channel, shard_checkpoints
 from optax_lena._src.aladdin.ray.config import Config
+from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads
 from optax_lena._src.aladdin.server import folded_receive
 
 
 def _own(tree: Any) -> Any:
-  import jax
-  import jax.numpy as jnp
-
   return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
@@ -35,10 +35,6 @@ class ServerShard:
     threads: int | None = None,
     nice: int = 0,
   ):
-    import jax
-
-    from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads
-
     self.threads_limited = limit_intra_op_threads(threads)
     if nice:
       os.nice(nice)
@@ -133,7 +129,6 @@ class ServerShard:
     self.counts["rejected_malformed"] += count
 
   def _open_checkpoints(self) -> None:
-    import jax
     import orbax.checkpoint as ocp
 
     path = os.path.join(os.path.abspath(str(self.config.checkpoint_dir)), f"shard_{self.shard}")

@@ -9,10 +9,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
+import ray
 
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
+from optax_lena._src.aladdin.ray import cores as placement
 from optax_lena._src.aladdin.ray.config import Config, Task
 from optax_lena._src.aladdin.ray.iterations import Local, MailboxLink, ReducerLink
 from optax_lena._src.aladdin.ray.layout import FlatLayout
@@ -42,18 +45,13 @@ class WorkerActor:
       # A device shared by fractions: JAX allocates on demand instead of 75% of it each. Set
       # before JAX starts its backend, in the first computation below.
       os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import jax
-    import ray
-
-    from optax_lena._src.aladdin.ray import cores as placement
-
     ray_threads = placement.thread_ids()
     self.threads_limited = placement.limit_intra_op_threads(threads)
     claim = placement.pin_step(cores, ray_threads) if self.threads_limited else None
     self.cores = list(claim.cores) if claim else []
     if nice:
       os.nice(nice)
-    self.index, self.task, self.config = index, task, config
+    self.index, self.config = index, config
     self.shards = list(shards)
     self.layout = layout = FlatLayout(task.init_params, config.ps_shards)
     plan = config.plan
@@ -110,10 +108,8 @@ class WorkerActor:
 
   def _fold_for(self, step_seconds: float) -> None:
     """Sets the fold to whole periods of messages, as many as this worker computes in
-    ``config.fold_seconds`` (1 period at least, the outbox's ``max_fold`` at most): a Ray call
-    costs the worker and the shard a fixed CPU time that short steps would otherwise pay every
-    period, while the first message of a fold still reaches the shards at most about
-    ``fold_seconds`` later."""
+    ``config.fold_seconds`` (1 period at least, the outbox's ``max_fold`` at most;
+    ``docs/ALADDIN-ray.md`` says why)."""
     assert self.outbox is not None
     period, most = self.outbox.unit, self.outbox.max_fold
     periods = int(self.config.fold_seconds // max(period * step_seconds, 1e-9))
@@ -121,8 +117,6 @@ class WorkerActor:
 
   def _open_ring(self, run: str, fold: int, replies: int) -> channel.Ring | None:
     """The worker's shared-memory ring where every shard runs on its node (else None)."""
-    import ray
-
     here = ray.get_runtime_context().get_node_id()
     if any(s["node_id"] != here for s in ray.get([s.stats.remote() for s in self.shards])):
       return None
@@ -131,8 +125,6 @@ class WorkerActor:
     return channel.open_ring(run, self.index, regions, fold, replies, size, dtype)
 
   def _fetch_global(self) -> tuple[Any, int]:
-    import ray
-
     replies = ray.get([s.params.remote() for s in self.shards])
     vector = self.layout.join([p for p, _ in replies])
     return self.layout.to_tree(vector), min(n for _, n in replies)
@@ -195,15 +187,11 @@ class WorkerActor:
 
   def get_params(self) -> Any:
     """The local model x_i (NumPy; SGP: the de-biased model), pending replies merged."""
-    import jax
-
     return jax.tree.map(np.asarray, jax.device_get(self.algorithm.local_params()))
 
   def info(self) -> dict[str, Any]:
     """Identity (pid, node, incarnation, global updates at start), running totals, messages
     sent per shard, devices and the accelerators Ray assigned."""
-    import ray
-
     context = ray.get_runtime_context()
     return {
       **self._identity(),

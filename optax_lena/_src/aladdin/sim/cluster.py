@@ -125,9 +125,6 @@ def make_cluster(
     slowdown: a float (worker 0 is that many times slower: the paper's HE clusters) or a
       mapping ``{worker: factor}``.
     **kwargs: the other :class:`Cluster` fields.
-
-  Returns:
-    The :class:`Cluster`.
   """
   factors = {0: float(slowdown)} if isinstance(slowdown, int | float) else dict(slowdown)
   for worker, factor in factors.items():
@@ -164,12 +161,8 @@ class ModelSize:
     return self.batch_size / self.images_per_second
 
 
-# Per-iteration compute of the paper's GPUs, from a published single-GPU benchmark: Lambda's
-# "RTX 2080 Ti Deep Learning Benchmarks with TensorFlow" (TF 1.12, FP32, synthetic 224x224
-# ImageNet inputs): ResNet-50 294 images/s; VGG-16 about 186 images/s (read from the same
-# benchmark's table; treat it as +-10%). At the paper's per-worker batches (128 and 96) that is
-# 0.435 s and 0.516 s per iteration. CIFAR-10's 32x32 inputs need fewer FLOPs per image, so
-# these are upper bounds of the compute time; CALIBRATED_MODELS is the other end.
+# One RTX 2080 Ti's published throughputs (Lambda's TensorFlow benchmark, FP32); docs/ALADDIN.md,
+# section 5, "The paper's cluster", gives the source and why they bound the compute time above.
 PAPER_MODELS: dict[str, ModelSize] = {
   "ResNet-50": ModelSize("ResNet-50", 23_500_000, 128, 294.0),
   "VGG-16": ModelSize("VGG-16", 138_000_000, 96, 186.0),
@@ -198,13 +191,8 @@ def paper_cluster(
   Args:
     compute_time: seconds per iteration of a normal worker.
     slowdown: worker 0's slowdown factor (``PAPER_SLOWDOWNS``).
-    num_workers: n (8 in the paper).
-    num_shards: PS shards (one per machine by default).
-    ps_cost_per_byte: PS processing cost (0.5 ns/byte: 2 GB/s of gradient per shard).
-    send_buffer: messages an ALADDIN worker may have queued on its uplink (None: unbounded).
-
-  Returns:
-    The :class:`Cluster`.
+    num_workers, num_shards, ps_cost_per_byte, send_buffer: the :class:`Cluster` fields
+      (n, one shard per machine, 2 GB/s of gradient per shard and 1 by default, the paper's).
   """
   return make_cluster(
     num_workers,

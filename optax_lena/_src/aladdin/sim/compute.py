@@ -187,17 +187,14 @@ class Training(Compute):
     if self.server is not None:
       self.server_state = self.server.init(self.problem.params)
 
-  def next_batch(self, worker: Any) -> tuple[np.ndarray, np.ndarray]:
-    return worker.model.batches.next()
-
   def step(self, worker: Any) -> Any:
     m = worker.model
-    m.state, message, loss = self.timer(self.step_fn, m.state, self.next_batch(worker))
+    m.state, message, loss = self.timer(self.step_fn, m.state, m.batches.next())
     self.losses.append(loss)
     return message
 
   def cluster_step(self, workers: Sequence[Any]) -> tuple[list[Any], PyTree]:
-    batches = [self.next_batch(w) for w in workers]
+    batches = [w.model.batches.next() for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
     state, loss, messages, total = self.timer(self.cluster_step_fn, workers[0].model.state, xs, ys)

@@ -61,17 +61,10 @@ class Engine:
     if src == dst:
       self.at(self.now, on_arrival, *args)
       return self.now
-    wire = self.cluster.wire_time(nbytes, src)
+    wire, down = self.cluster.wire_time(nbytes, src), self.cluster.wire_time(nbytes, dst)
     start = max(self.now, self.up_free[src])
     self.up_free[src] = start + wire
-    self.at(
-      start + wire + self.cluster.latency,
-      self._reach,
-      dst,
-      self.cluster.wire_time(nbytes, dst),
-      on_arrival,
-      args,
-    )
+    self.at(start + wire + self.cluster.latency, self._reach, dst, down, on_arrival, args)
     return start + wire
 
   def _reach(self, dst: int, wire: float, on_arrival: Callable[..., None], args: tuple) -> None:

@@ -104,10 +104,9 @@ class ArSgdProcess(Process):
 
   def reduced(self) -> None:
     self.compute.cluster_step(self.workers)
-    for w in self.workers:
-      w.messages += 1
     self.count_samples(self.n * self.batch_size)
     for w in self.workers:
+      w.messages += 1
       self.begin(w)
 
 
@@ -170,16 +169,8 @@ class SgpProcess(Process):
     k = w.iterations
     message = self.computed_step(w)
     w.messages += 1
-    peer = self.workers[self.gossip.peer(w.index, k)]
-    e.send(
-      self.cluster.worker_nic(w.index),
-      self.cluster.worker_nic(peer.index),
-      self.nbytes,
-      self.peer_arrive,
-      peer,
-      k,
-      message,
-    )
+    peer, nic = self.workers[self.gossip.peer(w.index, k)], self.cluster.worker_nic
+    e.send(nic(w.index), nic(peer.index), self.nbytes, self.peer_arrive, peer, k, message)
     self.count_samples(self.batch_size)
     if k == 0:
       self.begin(w)

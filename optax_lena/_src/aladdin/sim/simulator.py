@@ -108,10 +108,8 @@ class Simulator:
   def compute(self, num_workers: int) -> Compute:
     """The compute object for ``num_workers`` workers (built, and compiled, once)."""
     if num_workers not in self._computes:
-      if self.problem is None:
-        self._computes[num_workers] = Compute()
-      else:
-        self._computes[num_workers] = Training(self.alg, self.problem, num_workers)
+      compute = Compute() if self.problem is None else Training(self.alg, self.problem, num_workers)
+      self._computes[num_workers] = compute
     return self._computes[num_workers]
 
   def run(
@@ -210,9 +208,6 @@ def simulate(
     record_events: keep ``(time, kind, worker)`` of every worker event in the result.
     profile: block on and time every JAX call (``SimResult.jax_time``), to measure the
       simulator's own overhead.
-
-  Returns:
-    A :class:`SimResult`.
   """
   return Simulator(alg, problem).run(
     cluster,
