@@ -39,6 +39,11 @@ from tests.aladdin.ray import helpers  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray_runtime")]
 
 TEST_SECONDS = 300  # alarm per test: a hung Ray call fails the test instead of the CI job
+# The kill tests' stall timeout. Ray restarts a killed actor in a fresh process that imports JAX
+# and restores its state before any worker can progress again; on 2 cores under load that took
+# over the runtime's default 30 s once (load average 5-7), and ClusterLostError ended the run.
+# Stall detection itself is tested with its own short timeout (driver.py, stall_timeout=5).
+RESTART_STALL_SECONDS = 120.0
 
 
 @pytest.fixture(autouse=True)
@@ -186,7 +191,8 @@ def test_every_message_is_received_or_counted_as_rejected_with_exactly_n_shards(
 def test_killed_worker_restarts_from_the_global_model_while_others_continue(
   cluster: tuple[str, set[int]],
 ) -> None:
-  with ad.Runtime(helpers.make_task(), _config(chunk_seconds=0.2)) as runtime:
+  config = _config(chunk_seconds=0.2)
+  with ad.Runtime(helpers.make_task(), config, stall_timeout=RESTART_STALL_SECONDS) as runtime:
     kill = helpers.When(
       lambda: runtime.shard_stats()[0]["global_updates"] >= 10,
       lambda: ray.kill(runtime.workers[0], no_restart=False),
@@ -207,7 +213,7 @@ def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
   cluster: tuple[str, set[int]], tmp_path: Path
 ) -> None:
   config = _config(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5)
-  with ad.Runtime(helpers.make_task(), config) as runtime:
+  with ad.Runtime(helpers.make_task(), config, stall_timeout=RESTART_STALL_SECONDS) as runtime:
     updates: list[int] = []
 
     def due() -> bool:
