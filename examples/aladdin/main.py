@@ -156,14 +156,14 @@ def run_one(name: str, options: Options, task: Any, accuracy: Any) -> dict[str, 
       progress=options.progress,
     )
   row = result.summary()
-  workers = row.pop("workers")  # per worker: only its priority and devices are reported
+  row.pop("workers")  # per worker: only its priority and devices are reported
   return {
     **row,
     "test_accuracy": result.curve[-1][1],
     "startup_s": startup,
     "slowdown": {str(k): v for k, v in config.slowdown.items()},
-    "worker_nice": [w["nice"] for w in workers],
-    "devices": [w["devices"] for w in workers],
+    "worker_nice": [w.nice for w in result.workers],
+    "devices": [w.devices for w in result.workers],
   }
 
 

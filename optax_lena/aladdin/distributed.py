@@ -29,7 +29,9 @@ from optax_lena._src.aladdin.ray.config import (
   Interrupted,
   Plan,
   RunResult,
+  ShardStats,
   Task,
+  WorkerInfo,
 )
 from optax_lena._src.aladdin.ray.driver import Runtime
 from optax_lena._src.aladdin.ray.iterations import Iteration, runs  # importing attaches Ray's
@@ -50,7 +52,9 @@ __all__ = [
   "Plan",
   "RunResult",
   "Runtime",
+  "ShardStats",
   "Task",
+  "WorkerInfo",
   "channel",
   "connect",
   "cores",

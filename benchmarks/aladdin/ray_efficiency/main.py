@@ -132,7 +132,7 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
   child.start()
   with ad.Runtime(task, runtime_config("aladdin", options)) as runtime:
     info = runtime.worker_infos()[0]
-    pids = [info["pid"], runtime.shard_stats()[0]["pid"]]
+    pids = [info.pid, runtime.shard_stats()[0].pid]
     for _ in range(repeats):
       loops = {"loop_default_pool": local_loop(task, spec, seconds)}
       for key, (placement, wait) in CHILD_LOOPS.items():
@@ -150,19 +150,19 @@ def single(batch_size: int, seconds: float, repeats: int) -> dict[str, Any]:
           "ray": result.throughput,
           "efficiency": result.throughput / fastest["throughput"],
           "compute_fraction": result.compute_fraction[0],
-          "worker_cores": info["cores"],
+          "worker_cores": info.cores,
           "wait_fraction": result.wait_fraction[0],
           "loop_cpu_per_iteration": fastest["cpu_per_iteration"],
           "worker_cpu_per_iteration": cpu[0] / its,
           "shard_cpu_per_iteration": cpu[1] / its,
-          "messages_per_call": result.shards[0]["received"] / max(result.shards[0]["calls"], 1),
+          "messages_per_call": result.shards[0].received / max(result.shards[0].calls, 1),
           "load_average": os.getloadavg()[0],
         }
       )
       print(f"  batch {batch_size}: " + _line(pairs[-1]), flush=True)
   conn.send(None)
   child.join(timeout=30)
-  return {"batch_size": batch_size, "seconds": seconds, "fold": info["fold"], "pairs": pairs}
+  return {"batch_size": batch_size, "seconds": seconds, "fold": info.fold, "pairs": pairs}
 
 
 def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True) -> dict[str, Any]:
@@ -191,8 +191,8 @@ def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True
           "wait_fraction": result.wait_fraction,
           "compute_fraction": result.compute_fraction,
           "iterations": result.iterations,
-          "nice": [w["nice"] for w in result.workers],
-          "messages_per_call": result.shards[0]["received"] / max(result.shards[0]["calls"], 1),
+          "nice": [w.nice for w in result.workers],
+          "messages_per_call": result.shards[0].received / max(result.shards[0].calls, 1),
           "load_average": os.getloadavg()[0],
         }
       )

@@ -46,9 +46,9 @@ def _deterministic(**placement: object) -> tuple[dict, list[str], list[str], lis
   )
   with ad.Runtime(helpers.make_task(), config) as runtime:
     result = runtime.run(iterations=ITERATIONS, progress=False)
-    shard_nodes = [s["node_id"] for s in result.shards]
-    worker_nodes = [w["node_id"] for w in result.workers]
-    rings = [w["shared_memory"] for w in result.workers]
+    shard_nodes = [s.node_id for s in result.shards]
+    worker_nodes = [w.node_id for w in result.workers]
+    rings = [w.shared_memory for w in result.workers]
   return result.final_params, shard_nodes, worker_nodes, rings
 
 
@@ -120,8 +120,8 @@ def _rings_away_from_the_driver(address: str) -> dict[str, object]:
     "rings_during": len(rings_during),
     "rings_after_shutdown": len(_rings_of(runtime.run_name)),
     "removed_on_nodes": sorted(runtime.rings_removed),
-    "away_rings": [w["shared_memory"] for w in result.workers],
-    "away_nodes": sorted({a["node_id"] for a in [*result.workers, *result.shards]}),
+    "away_rings": [w.shared_memory for w in result.workers],
+    "away_nodes": sorted({a.node_id for a in [*result.workers, *result.shards]}),
   }
 
 

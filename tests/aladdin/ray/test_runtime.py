@@ -11,7 +11,9 @@ session is left.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
+import json
 import math
 import os
 import shutil
@@ -144,10 +146,10 @@ def test_bad_messages_are_rejected_counted_and_never_applied(
     )
     assert replies == [None] * 8
     stats = runtime.shard_stats()[0]
-    assert stats["received"] == 24
-    assert stats["rejected_by_server"] == 3  # non-finite, or refused by its sender
-    assert stats["rejected_malformed"] == 21  # 5 calls, one of them a fold of 17
-    assert stats["global_updates"] == 0
+    assert stats.received == 24
+    assert stats.rejected_by_server == 3  # non-finite, or refused by its sender
+    assert stats.rejected_malformed == 21  # 5 calls, one of them a fold of 17
+    assert stats.global_updates == 0
     jax.tree.map(np.testing.assert_array_equal, runtime.global_params(), before)
 
   # A worker whose every message is NaN during a run: all rejected and counted, the other
@@ -155,8 +157,8 @@ def test_bad_messages_are_rejected_counted_and_never_applied(
   with ad.Runtime(helpers.make_task(helpers.poisoned_batches), _config()) as runtime:
     result = runtime.run(2.0, progress=False)
   stats = result.shards[0]
-  assert stats["rejected_by_server"] == result.workers[1]["sent"][0] > 0
-  assert stats["global_updates"] > 0
+  assert stats.rejected_by_server == result.workers[1].sent[0] > 0
+  assert stats.global_updates > 0
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
   assert result.merges[1] == 0  # the poisoning worker never triggered a global update
 
@@ -169,23 +171,23 @@ def test_every_message_is_received_or_counted_as_rejected_with_exactly_n_shards(
     assert len(runtime.shards) == 3  # exactly as asked (the contiguous buffer cut in three)
     result = runtime.run(3.0, progress=False)
     rings = glob.glob(os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{runtime.run_name}-*"))
-  assert all(w["shared_memory"] for w in result.workers) and len(rings) == 8
+  assert all(w.shared_memory for w in result.workers) and len(rings) == 8
   assert not any(os.path.exists(path) for path in rings)  # removed at shutdown
-  sent = np.asarray([w["sent"] for w in result.workers])  # [worker, shard], after the flush
+  sent = np.asarray([w.sent for w in result.workers])  # [worker, shard], after the flush
   assert sent.shape == (8, 3) and (sent[:, 0] > 0).all()
   for k, shard in enumerate(result.shards):
-    assert shard["received"] == sent[:, k].sum()
-    assert shard["rejected_by_server"] == shard["rejected_malformed"] == 0
+    assert shard.received == sent[:, k].sum()
+    assert shard.rejected_by_server == shard.rejected_malformed == 0
   # Every worker's messages reach every shard (the shards' counters agree) and each of its
   # iterations sent one message; the replies merged are the shards' global updates.
   np.testing.assert_array_equal(sent, sent[:, :1].repeat(3, axis=1))
   np.testing.assert_array_equal(sent[:, 0], result.iterations)
-  assert sum(result.merges) == result.shards[0]["global_updates"]
-  assert result.shards[0]["calls"] < result.shards[0]["received"]  # messages were folded
+  assert sum(result.merges) == result.shards[0].global_updates
+  assert result.shards[0].calls < result.shards[0].received  # messages were folded
   # 11 actors on 2 CPUs: the shards keep the driver's priority (not Ray's nice 15), the workers
   # give up 5.
-  assert {s["nice"] for s in result.shards} == {os.nice(0)}
-  assert {w["nice"] for w in result.workers} == {min(os.nice(0) + 5, 19)}
+  assert {s.nice for s in result.shards} == {os.nice(0)}
+  assert {w.nice for w in result.workers} == {min(os.nice(0) + 5, 19)}
 
 
 def test_killed_worker_restarts_from_the_global_model_while_others_continue(
@@ -194,7 +196,7 @@ def test_killed_worker_restarts_from_the_global_model_while_others_continue(
   config = _config(chunk_seconds=0.2)
   with ad.Runtime(helpers.make_task(), config, stall_timeout=RESTART_STALL_SECONDS) as runtime:
     kill = helpers.When(
-      lambda: runtime.shard_stats()[0]["global_updates"] >= 10,
+      lambda: runtime.shard_stats()[0].global_updates >= 10,
       lambda: ray.kill(runtime.workers[0], no_restart=False),
     )
     result = runtime.run(8.0, progress=False)
@@ -202,11 +204,9 @@ def test_killed_worker_restarts_from_the_global_model_while_others_continue(
   # The killed process could not remove its shared-memory ring; the driver did, at shutdown.
   assert not glob.glob(os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{runtime.run_name}-*"))
   info0, info1 = result.workers
-  assert info0["incarnation"] == 1  # Ray restarted worker 0 in a new process ...
-  assert info0["start_updates"] >= 10  # ... from the current global model ...
-  assert (
-    info1["incarnation"] == 0 and result.iterations[1] > info0["iterations"]
-  )  # ... and 1 went on
+  assert info0.incarnation == 1  # Ray restarted worker 0 in a new process ...
+  assert info0.start_updates >= 10  # ... from the current global model ...
+  assert info1.incarnation == 0 and result.iterations[1] > info0.iterations  # ... and 1 went on
 
 
 def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
@@ -217,18 +217,18 @@ def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
     updates: list[int] = []
 
     def due() -> bool:
-      updates.append(runtime.shard_stats()[0]["global_updates"])
+      updates.append(runtime.shard_stats()[0].global_updates)
       return updates[-1] >= 12
 
     kill = helpers.When(due, lambda: ray.kill(runtime.shards[0], no_restart=False))
     result = runtime.run(8.0, progress=False)
   stats = result.shards[0]
   assert kill.at is not None and kill.error is None
-  assert stats["restarted"]
+  assert stats.restarted
   # Restored from the last checkpoint before the kill (after the call that made 5 updates since
   # the previous one: a fold of several periods may make more than one), then kept training.
-  assert stats["restored_updates"] >= 5
-  assert stats["global_updates"] > stats["restored_updates"]
+  assert stats.restored_updates >= 5
+  assert stats.global_updates > stats.restored_updates
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
 
 
@@ -239,16 +239,23 @@ def test_stopped_run_resumes_from_its_checkpoint(
   with ad.Runtime(helpers.make_task(), config) as runtime:
     first = runtime.run(2.0, progress=False)
   # The clean stop saved every shard, although no periodic checkpoint was due.
-  updates = first.shards[0]["global_updates"]
+  updates = first.shards[0].global_updates
   assert updates > 0
   with ad.Runtime(helpers.make_task(), config) as runtime:
     stats = runtime.shard_stats()[0]
-    assert stats["restored_updates"] == updates
+    assert isinstance(stats, ad.ShardStats) and stats.restored_updates == updates
+    assert not stats.restarted and stats.checkpoints == 0 and stats.global_updates == updates
     jax.tree.map(np.testing.assert_array_equal, runtime.global_params(), first.final_params)
     infos = runtime.worker_infos()  # the workers start from the resumed global model too
-    assert all(i["start_updates"] == updates for i in infos)
+    assert all(isinstance(i, ad.WorkerInfo) and i.start_updates == updates for i in infos)
+    assert [i.worker for i in infos] == [0, 1] and all(i.iterations == 0 for i in infos)
     second = runtime.run(1.0, progress=False)
-  assert second.shards[0]["global_updates"] > updates
+  assert second.shards[0].global_updates > updates
+  # summary() holds the records as plain dicts, field for field, and survives JSON.
+  row = second.summary()
+  assert json.loads(json.dumps(row))["workers"] == [dataclasses.asdict(w) for w in second.workers]
+  assert list(row["shards"][0]) == [f.name for f in dataclasses.fields(ad.ShardStats)]
+  assert row["shards"][0]["global_updates"] == second.shards[0].global_updates
 
 
 def test_deterministic_aladdin_is_the_in_process_algorithm_bit_for_bit(
@@ -300,11 +307,11 @@ def test_baselines_run_on_the_same_runtime(cluster: tuple[str, set[int]], name: 
       assert iterations - 2 <= merges <= iterations - 1  # the last one may be still awaited
     assert result.shards == []
   else:  # symmetric: every exchange waits for the servers' answer
-    assert len(result.shards) == 2 and all(s["rejected_by_server"] == 0 for s in result.shards)
+    assert len(result.shards) == 2 and all(s.rejected_by_server == 0 for s in result.shards)
     tau = 1 if name == "asp" else config.spec.tau
     for iterations, merges in zip(result.iterations, result.merges, strict=True):
       assert merges == iterations // tau
-    assert all(s["global_updates"] == sum(result.merges) for s in result.shards)
+    assert all(s.global_updates == sum(result.merges) for s in result.shards)
 
 
 @pytest.mark.parametrize("gpus", [1.0, 0.5])
@@ -316,9 +323,9 @@ def test_workers_get_the_accelerators_ray_gave_them(
   config = _config(num_workers=4 if gpus < 1 else 2, worker_gpus=gpus)
   with ad.Runtime(helpers.make_task(), config) as runtime:
     result = runtime.run(1.0, progress=False)
-  ids = [tuple(w["accelerator_ids"].get("GPU", [])) for w in result.workers]
+  ids = [tuple(w.accelerator_ids.get("GPU", [])) for w in result.workers]
   assert all(len(i) == 1 for i in ids), ids
-  assert [w["cuda_visible_devices"] for w in result.workers] == [",".join(i) for i in ids]
+  assert [w.cuda_visible_devices for w in result.workers] == [",".join(i) for i in ids]
   if gpus == 1.0:
     assert len(set(ids)) == len(ids)  # a device each
   else:
@@ -341,7 +348,7 @@ def test_a_pinned_worker_steps_on_its_own_core_and_trains(cluster: tuple[str, se
   )
   config = ad.Config(algorithm=spec, num_workers=2, pin_compute=True, intra_op_threads=1)
   with ad.Runtime(helpers.make_task(), config) as runtime:
-    pid = runtime.worker_infos()[0]["pid"]
+    pid = runtime.worker_infos()[0].pid
     before = _cpu_ticks(pid)
     result = runtime.run(1.0, progress=False)
     spent = {t: n - before.get(t, 0) for t, n in _cpu_ticks(pid).items()}
@@ -351,9 +358,9 @@ def test_a_pinned_worker_steps_on_its_own_core_and_trains(cluster: tuple[str, se
   assert min(result.iterations) > 0
   assert helpers.held_out_loss(result.final_params) < helpers.held_out_loss(helpers.init_params())
   # The shards give way to the workers' dispatching threads on the unclaimed cores.
-  assert {s["nice"] for s in result.shards} == {min(os.nice(0) + 10, 19)}
-  if info["cores"]:
-    mine = set(info["cores"])
+  assert {s.nice for s in result.shards} == {min(os.nice(0) + 10, 19)}
+  if info.cores:
+    mine = set(info.cores)
     assert len(mine) == 1 and mine < everything
     busiest = max(spent, key=spent.__getitem__)
     assert threads[busiest] == mine, (spent, threads)

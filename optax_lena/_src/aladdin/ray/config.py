@@ -274,6 +274,79 @@ class Config:
     return str(self.algorithm.name)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+  """A PS shard's counters (``Runtime.shard_stats()``, ``RunResult.shards``).
+
+  Attributes:
+    shard, pid, nice, threads_limited, node_id: its index, process, priority, whether XLA's
+      intra-op pool is limited, its Ray node.
+    received: messages received (each folded one counted): the accepted ones plus both
+      rejection counts; calls: Ray calls.
+    rejected_malformed, rejected_by_server: messages refused as malformed (shape, dtype,
+      sender, ring rows) and by the server state (non-finite).
+    global_updates, checkpoints, restored_updates: updates so far (counted from the restored
+      step), checkpoints saved, the step restored at start (-1: none).
+    restarted: Ray restarted this actor.
+  """
+
+  shard: int
+  pid: int
+  nice: int
+  threads_limited: bool
+  received: int
+  calls: int
+  rejected_malformed: int
+  global_updates: int
+  rejected_by_server: int
+  checkpoints: int
+  restored_updates: int
+  restarted: bool
+  node_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+  """A worker's identity, totals, transport and placement (``Runtime.worker_infos()``,
+  ``RunResult.workers``).
+
+  Attributes:
+    worker, pid, incarnation, start_updates, loss: its index, process, restarts by Ray, the
+      global updates of the model it (re)started from, its last loss.
+    iterations, compute_s, sleep_s, wait_s, busy_s: totals over its calls (seconds in its
+      step, asleep as a straggler, blocked on other processes, in its iterations).
+    merges: replies merged, models adopted or gossip messages mixed (0 for AR-SGD).
+    sent, calls, shared_memory, fold: messages sent per shard, Ray calls per shard, whether
+      they travel through a shared-memory ring, messages it queues before a call.
+    node_id, devices, accelerator_ids, cuda_visible_devices, nice, threads_limited, cores: its
+      Ray node, JAX's devices, the accelerators Ray assigned, the visible CUDA devices, its
+      priority, whether XLA's intra-op pool is limited, the cores its step is pinned to.
+  """
+
+  worker: int
+  pid: int
+  incarnation: int
+  start_updates: int
+  loss: float
+  iterations: int
+  compute_s: float
+  sleep_s: float
+  wait_s: float
+  busy_s: float
+  merges: int
+  sent: list[int]
+  calls: int
+  shared_memory: bool
+  fold: int
+  node_id: str
+  devices: list[str]
+  accelerator_ids: dict[str, list[str]]
+  cuda_visible_devices: str | None
+  nice: int
+  threads_limited: bool
+  cores: list[int]
+
+
 @dataclasses.dataclass
 class RunResult:
   """What a run measured.
@@ -290,8 +363,8 @@ class RunResult:
       messages mixed (SGP); 0 for AR-SGD.
     curve: ``(seconds, metric)`` evaluations of the global model during the run.
     curve_iterations: the iterations of all workers together at each evaluation.
-    shards: each shard's counters at the end.
-    workers: each worker's identity and totals at the end.
+    shards: each shard's counters at the end (:class:`ShardStats`).
+    workers: each worker's identity and totals at the end (:class:`WorkerInfo`).
     final_params: the global model at the end.
   """
 
@@ -305,12 +378,14 @@ class RunResult:
   merges: list[int]
   curve: list[tuple[float, float]]
   curve_iterations: list[int]
-  shards: list[dict[str, Any]]
-  workers: list[dict[str, Any]]
+  shards: list[ShardStats]
+  workers: list[WorkerInfo]
   final_params: PyTree
 
   def summary(self) -> dict[str, Any]:
-    """A JSON-friendly dict of everything but ``final_params``."""
+    """A JSON-friendly dict of everything but ``final_params`` (the records as dicts)."""
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     out.pop("final_params")
+    out["shards"] = [dataclasses.asdict(s) for s in self.shards]
+    out["workers"] = [dataclasses.asdict(w) for w in self.workers]
     return out

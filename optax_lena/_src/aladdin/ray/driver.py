@@ -12,7 +12,14 @@ import ray
 
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import bootstrap, channel, schedulers, shard_checkpoints
-from optax_lena._src.aladdin.ray.config import ClusterLostError, Config, RunResult, Task
+from optax_lena._src.aladdin.ray.config import (
+  ClusterLostError,
+  Config,
+  RunResult,
+  ShardStats,
+  Task,
+  WorkerInfo,
+)
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.progress import Progress
 from optax_lena._src.aladdin.ray.shard import ServerShard
@@ -165,11 +172,11 @@ class Runtime:
     the average of the workers' de-biased models (SGP)."""
     return self.iteration.global_params(self, timeout)
 
-  def shard_stats(self, timeout: float | None = 60) -> list[dict[str, Any]]:
+  def shard_stats(self, timeout: float | None = 60) -> list[ShardStats]:
     """Each shard's counters."""
     return self._get([s.stats.remote() for s in self.shards], timeout) if self.shards else []
 
-  def worker_infos(self, timeout: float | None = 60) -> list[dict[str, Any]]:
+  def worker_infos(self, timeout: float | None = 60) -> list[WorkerInfo]:
     """Each worker's identity, totals, messages sent and devices."""
     return self._get([w.info.remote() for w in self.workers], timeout)
 
@@ -269,7 +276,7 @@ class Runtime:
       iterations=its,
       wait_fraction=[t.get("wait_s", 0.0) / b for t, b in zip(totals, busy, strict=True)],
       compute_fraction=[t.get("compute_s", 0.0) / b for t, b in zip(totals, busy, strict=True)],
-      merges=[int(w["merges"]) for w in workers],  # the final flush's merges included
+      merges=[w.merges for w in workers],  # the final flush's merges included
       curve=curve,
       curve_iterations=curve_iterations,
       shards=shards,

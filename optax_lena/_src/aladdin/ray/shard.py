@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src.aladdin.ray import channel, shard_checkpoints
-from optax_lena._src.aladdin.ray.config import Config
+from optax_lena._src.aladdin.ray.config import Config, ShardStats
 from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads
 from optax_lena._src.aladdin.server import folded_receive
 
@@ -158,25 +158,20 @@ class ServerShard:
     """The global slice x~ and the number of global updates so far."""
     return np.array(self.state.params), self.counts["global_updates"]
 
-  def stats(self) -> dict[str, Any]:
-    """Counters: messages received (each folded message counted), Ray calls, global updates,
-    rejections, checkpoints, restarts, node.
-
-    ``rejected_by_server`` is the server state's count (a non-finite message); ``received``
-    always equals the accepted messages plus both rejection counts.
-    """
+  def stats(self) -> ShardStats:
+    """Its counters (:class:`~optax_lena._src.aladdin.ray.config.ShardStats`)."""
     import ray
 
     context = ray.get_runtime_context()
-    return {
-      "shard": self.shard,
-      "pid": os.getpid(),
-      "nice": os.nice(0),
-      "threads_limited": self.threads_limited,
+    return ShardStats(
+      shard=self.shard,
+      pid=os.getpid(),
+      nice=os.nice(0),
+      threads_limited=self.threads_limited,
       **self.counts,
-      "rejected_by_server": int(getattr(self.state, "num_rejected", 0)),
-      "checkpoints": self.num_checkpoints,
-      "restored_updates": self.restored_updates,
-      "restarted": bool(context.was_current_actor_reconstructed),
-      "node_id": context.get_node_id(),
-    }
+      rejected_by_server=int(getattr(self.state, "num_rejected", 0)),
+      checkpoints=self.num_checkpoints,
+      restored_updates=self.restored_updates,
+      restarted=bool(context.was_current_actor_reconstructed),
+      node_id=context.get_node_id(),
+    )

@@ -16,7 +16,7 @@ import ray
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.ray import channel
 from optax_lena._src.aladdin.ray import cores as placement
-from optax_lena._src.aladdin.ray.config import Config, Task
+from optax_lena._src.aladdin.ray.config import Config, Task, WorkerInfo
 from optax_lena._src.aladdin.ray.iterations import Local, MailboxLink, ReducerLink
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.outbox import Outbox
@@ -118,7 +118,7 @@ class WorkerActor:
   def _open_ring(self, run: str, fold: int, replies: int) -> channel.Ring | None:
     """The worker's shared-memory ring where every shard runs on its node (else None)."""
     here = ray.get_runtime_context().get_node_id()
-    if any(s["node_id"] != here for s in ray.get([s.stats.remote() for s in self.shards])):
+    if any(s.node_id != here for s in ray.get([s.stats.remote() for s in self.shards])):
       return None
     channel.sweep_stale()  # the rings of a killed run's workers on this node
     regions, size, dtype = self.config.max_inflight, self.layout.size, self.layout.dtype
@@ -189,23 +189,23 @@ class WorkerActor:
     """The local model x_i (NumPy; SGP: the de-biased model), pending replies merged."""
     return jax.tree.map(np.asarray, jax.device_get(self.algorithm.local_params()))
 
-  def info(self) -> dict[str, Any]:
-    """Identity (pid, node, incarnation, global updates at start), running totals, messages
-    sent per shard, devices and the accelerators Ray assigned."""
+  def info(self) -> WorkerInfo:
+    """Identity, running totals, transport and placement
+    (:class:`~optax_lena._src.aladdin.ray.config.WorkerInfo`)."""
     context = ray.get_runtime_context()
-    return {
+    return WorkerInfo(
       **self._identity(),
       **self.totals,
-      "merges": self.local.merges,
-      "sent": list(self.outbox.sent) if self.outbox else [],
-      "calls": self.outbox.calls if self.outbox else 0,
-      "shared_memory": self.outbox is not None and self.outbox.ring is not None,
-      "fold": self.outbox.min_fold if self.outbox else 1,
-      "node_id": context.get_node_id(),
-      "devices": self.devices,
-      "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},
-      "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-      "nice": os.nice(0),
-      "threads_limited": self.threads_limited,
-      "cores": self.cores,
-    }
+      merges=self.local.merges,
+      sent=list(self.outbox.sent) if self.outbox else [],
+      calls=self.outbox.calls if self.outbox else 0,
+      shared_memory=self.outbox is not None and self.outbox.ring is not None,
+      fold=self.outbox.min_fold if self.outbox else 1,
+      node_id=context.get_node_id(),
+      devices=self.devices,
+      accelerator_ids={k: list(v) for k, v in context.get_accelerator_ids().items()},
+      cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+      nice=os.nice(0),
+      threads_limited=self.threads_limited,
+      cores=self.cores,
+    )
