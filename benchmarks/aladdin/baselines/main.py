@@ -398,6 +398,7 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
         ax.plot([p[0] for p in curve], [p[1] for p in curve], label=LABELS[method])
     ax.axhline(TARGET, color="grey", lw=0.8, ls=":")
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(left=0)  # symlog would otherwise add an empty negative axis
     ax.set_title(f"{cluster}, {epochs} epochs, seed {seed}")
     ax.set_xlabel("simulated time (worker iterations)")
     ax.set_ylabel("test accuracy (global model)")
