@@ -237,8 +237,11 @@ def choose_rate(runs: dict[str, dict], scale: Scale, method: str) -> float | Non
     if len(accs) < len(scale.tune_seeds):
       return None
     means[lr] = math.fsum(accs) / len(accs)
-  best = max(means.values())
-  return min(lr for lr, m in means.items() if m == best)
+  return best_rate(means)
+
+
+def best_rate(means: dict[float, float]) -> float:  # ties: the smaller rate
+  return min(lr for lr, m in means.items() if m == max(means.values()))
 
 
 def final_cells(runs: dict[str, dict], scale: Scale) -> list[Cell]:
