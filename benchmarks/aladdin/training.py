@@ -7,13 +7,17 @@ it, so that communication weighs on the small CNN as it did on ResNet-50.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from benchmarks import harness
 from examples import input_pipeline, losses
 from examples.models import CNN1D
 from optax_lena.aladdin import simulator as cl
@@ -115,6 +119,83 @@ def make_problem(
   problem = sim.Problem(params, fns[0], fns[1], data["x_train"], data["y_train"], x_eval, y_eval)
   _PROBLEMS[key] = problem
   return problem
+
+
+def simulate_held_out(
+  preset: Preset,
+  algorithm: sim.Algorithm,
+  cluster: str,
+  seed: int,
+  cache_dir: Path,
+  num_validation: int,
+  evaluate_on: str,
+) -> dict[str, Any]:
+  """One simulated run of ``algorithm`` on the problem with ``num_validation`` training examples
+  held out, for ``preset.epochs`` passes over the rest, evaluated on ``evaluate_on``.
+
+  Returns:
+    ``test_accuracy`` (the evaluated split's, at the end), ``train_loss`` (the workers'
+    mini-batch losses since the last evaluation; None if NaN), simulated ``time``, ``curve``
+    (``[time, accuracy, train_loss]`` per evaluation) and ``wall_time``.
+  """
+  problem = make_problem(preset, seed, cache_dir, num_validation, evaluate_on)
+  nbytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(problem.params)))
+  result = sim.simulate(
+    algorithm,
+    training_cluster(preset, cluster, nbytes),
+    batch_size=preset.batch_size,
+    problem=problem,
+    num_samples=int(preset.epochs * len(problem.x_train)),
+    num_evals=preset.num_evals,
+    seed=seed,
+  )
+
+  def finite(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+  last = result.evals[-1]
+  return {
+    "test_accuracy": last.test_accuracy,
+    "train_loss": finite(last.train_loss),
+    "time": result.time,
+    "curve": [[p.time, p.test_accuracy, finite(p.train_loss)] for p in result.evals],
+    "wall_time": result.wall_time,
+  }
+
+
+def study_arguments(description: str) -> argparse.ArgumentParser:
+  """The options every resumable simulator study takes (``--out``, ``--cache_dir``,
+  ``--smoke``, ``--max_cells``, ``--report_only``); ``--out`` has no default here."""
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--out", type=Path)
+  parser.add_argument("--cache_dir", type=Path, default=Path.home() / ".cache" / "mnist1d")
+  parser.add_argument("--smoke", action="store_true", help="the tiny CI version")
+  parser.add_argument("--max_cells", type=int, default=None, help="run at most this many")
+  parser.add_argument("--report_only", action="store_true")
+  return parser
+
+
+def run_in_passes(
+  passes: Sequence[Callable[[], list[Any]]],
+  run_cell: Callable[[Any], dict[str, Any]],
+  runs: dict[str, dict],
+  out: Path,
+  limit: int | None,
+) -> int:
+  """Runs the unfinished cells of each pass in order (a pass's cells may depend on the earlier
+  passes' results, e.g. the rates tuned), at most ``limit`` in all, saving ``runs`` after each
+  cell; writes ``machine.json`` when any cell ran. Returns the number of cells run."""
+  path, trained = harness.summaries_path(out), 0
+  for cells in passes:
+    if limit is not None and limit <= 0:
+      break
+    save = lambda summaries: harness.save_summaries(path, summaries)
+    done, _ = harness.run_summaries(cells(), run_cell, runs, save, limit=limit)
+    trained += done
+    limit = None if limit is None else limit - done
+  if trained:
+    harness.write_json(out / "machine.json", harness.machine_info())
+  return trained
 
 
 def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:

@@ -18,14 +18,12 @@ Outputs in ``--out``: ``runs.json`` (one summary per finished cell), ``tables.md
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import optax
 
 from benchmarks import harness, paired_intervals
@@ -166,33 +164,17 @@ def run_cell(cell: Cell, scale: Scale, cache_dir: Path) -> dict[str, Any]:
   preset = dataclasses.replace(
     training.PRESETS[scale.preset], num_evals=scale.num_evals, epochs=cell.epochs
   )
-  evaluate_on = "test" if cell.group == "final" else "validation"
-  problem = training.make_problem(
-    preset, cell.seed, cache_dir, num_validation=scale.num_validation, evaluate_on=evaluate_on
-  )
-  nbytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(problem.params)))
-  result = sim.simulate(
+  evaluate_on = "test" if cell.group == "final" else "validation"  # tuning: validation accuracy
+  run = training.simulate_held_out(
+    preset,
     make_algorithm(cell.method, cell.lr),
-    training.training_cluster(preset, cell.cluster, nbytes),
-    batch_size=preset.batch_size,
-    problem=problem,
-    num_samples=int(cell.epochs * len(problem.x_train)),
-    num_evals=preset.num_evals,
-    seed=cell.seed,
+    cell.cluster,
+    cell.seed,
+    cache_dir,
+    scale.num_validation,
+    evaluate_on,
   )
-
-  def finite(x: float) -> float | None:
-    return None if math.isnan(x) else x
-
-  last = result.evals[-1]
-  return {
-    "cell": dataclasses.asdict(cell),
-    "test_accuracy": last.test_accuracy,  # validation accuracy for "tune" cells
-    "train_loss": finite(last.train_loss),  # the workers' mini-batch losses since the last eval
-    "time": result.time,
-    "curve": [[p.time, p.test_accuracy, finite(p.train_loss)] for p in result.evals],
-    "wall_time": result.wall_time,
-  }
+  return {"cell": dataclasses.asdict(cell), **run}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,39 +393,27 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> str:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-  parser.add_argument("--cache_dir", type=Path, default=Path.home() / ".cache" / "mnist1d")
-  parser.add_argument("--smoke", action="store_true", help="the tiny CI version")
-  parser.add_argument("--max_cells", type=int, default=None, help="run at most this many")
-  parser.add_argument("--report_only", action="store_true")
-  args = parser.parse_args(argv)
+  args = training.study_arguments(__doc__.splitlines()[0]).parse_args(argv)
   scale = SCALES["smoke" if args.smoke else "default"]
-  args.out.mkdir(parents=True, exist_ok=True)
-  path = harness.summaries_path(args.out)
-  runs = harness.load_summaries(path)
+  out = args.out or DEFAULT_OUT
+  out.mkdir(parents=True, exist_ok=True)
+  runs = harness.load_summaries(harness.summaries_path(out))
   if not args.report_only:
-    trained, limit = 0, args.max_cells
     # The pre-registered order: tune and run the short budget first, so a partial run has it.
-    for epochs in scale.budgets:
-      for cells in (tuning_cells, lambda s: final_cells(runs, s)):
-        if limit is not None and limit <= 0:
-          break
-        todo = [c for c in cells(scale) if c.epochs == epochs]
-        done, _ = harness.run_summaries(
-          todo,
-          lambda cell: run_cell(cell, scale, args.cache_dir),
-          runs,
-          lambda summaries: harness.save_summaries(path, summaries),
-          limit=limit,
-        )
-        trained += done
-        limit = None if limit is None else limit - done
-    if trained:
-      harness.write_json(args.out / "machine.json", harness.machine_info())
+    def of_budget(cells: Any, epochs: int) -> Any:
+      return lambda: [c for c in cells(scale) if c.epochs == epochs]
+
+    passes = [
+      of_budget(cells, epochs)
+      for epochs in scale.budgets
+      for cells in (tuning_cells, lambda s: final_cells(runs, s))
+    ]
+    training.run_in_passes(
+      passes, lambda cell: run_cell(cell, scale, args.cache_dir), runs, out, args.max_cells
+    )
   text = report(runs, scale)
-  harness.write_text(args.out / "tables.md", text)
-  plot(runs, args.out / "accuracy_vs_time.png", scale)
+  harness.write_text(out / "tables.md", text)
+  plot(runs, out / "accuracy_vs_time.png", scale)
   print(text)
   return text
 
