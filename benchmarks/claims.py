@@ -481,15 +481,7 @@ def render(study: str) -> str:
   rows = []
   for claim in STUDIES[study][1]():
     p = evaluate(claim)
-    d = claim.digits
-    interval = "—" if p.n < 2 else f"[{p.low:+.{d}f}, {p.high:+.{d}f}]"
-    if p.n < 2:
-      verdict = "one seed: no interval"
-    elif not p.distinguishable:
-      verdict = "not distinguishable"
-    else:
-      verdict = claim.words[0] if p.mean > 0 else claim.words[1]
-    rows.append([claim.label, p.n, f"{p.mean:+.{d}f}", interval, f"{p.wins}/{p.n}", verdict])
+    rows.append([*p.row(claim.label, claim.digits), p.verdict(*claim.words)])
   header = ["claim (A - B)", "seeds", "mean", "95% interval (t, n-1 dof)", "seeds A > B", "verdict"]
   return harness.markdown_table(header, rows)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 def t_two_sided(t: float, dof: int) -> float:
@@ -104,6 +104,13 @@ class Paired(NamedTuple):
     if not self.distinguishable:
       return "not distinguishable"
     return ahead if self.mean > 0 else behind
+
+  def row(self, label: str, digits: int = 3, scale: float = 1.0) -> list[Any]:
+    """A table row ``[label, seeds, mean, [low, high], wins/seeds]`` (values times ``scale``;
+    the interval "—" for one seed)."""
+    lo, hi = self.low * scale, self.high * scale
+    interval = "—" if self.n < 2 else f"[{lo:+.{digits}f}, {hi:+.{digits}f}]"
+    return [label, self.n, f"{self.mean * scale:+.{digits}f}", interval, f"{self.wins}/{self.n}"]
 
   def format(self, digits: int = 3, scale: float = 1.0) -> str:
     """``-0.020 [-0.044, +0.003], 5 seeds`` (values multiplied by ``scale`` first)."""

@@ -163,11 +163,11 @@ def simulate_held_out(
   }
 
 
-def study_arguments(description: str) -> argparse.ArgumentParser:
-  """The options every resumable simulator study takes (``--out``, ``--cache_dir``,
-  ``--smoke``, ``--max_cells``, ``--report_only``); ``--out`` has no default here."""
+def study_arguments(description: str, out: Path) -> argparse.ArgumentParser:
+  """The options every resumable simulator study takes (``--out``, default ``out``,
+  ``--cache_dir``, ``--smoke``, ``--max_cells``, ``--report_only``)."""
   parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--out", type=Path)
+  parser.add_argument("--out", type=Path, default=out)
   parser.add_argument("--cache_dir", type=Path, default=Path.home() / ".cache" / "mnist1d")
   parser.add_argument("--smoke", action="store_true", help="the tiny CI version")
   parser.add_argument("--max_cells", type=int, default=None, help="run at most this many")

@@ -287,15 +287,8 @@ def _paired_table(runs: dict[str, dict], scale: Scale) -> str:
         if not set(a) & set(b):
           continue
         pair = paired_intervals.paired_by_seed(a, b)
-        interval = "—" if pair.n < 2 else f"[{100 * pair.low:+.2f}, {100 * pair.high:+.2f}]"
-        rows.append([
-          f"{LABELS[method]} - AR-SGD, {cluster}, {epochs} epochs",
-          pair.n,
-          f"{100 * pair.mean:+.2f}",
-          interval,
-          f"{pair.wins}/{pair.n}",
-          *verdict(pair),
-        ])  # fmt: skip
+        label = f"{LABELS[method]} - AR-SGD, {cluster}, {epochs} epochs"
+        rows.append([*pair.row(label, 2, 100), *verdict(pair)])
   header = ["claim (A - B), test accuracy", "seeds", "mean (points)", "95% interval (points)"]
   return harness.markdown_table([*header, "seeds A > B", "within ±1 point", "sign"], rows)
 
@@ -393,9 +386,9 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> str:
-  args = training.study_arguments(__doc__.splitlines()[0]).parse_args(argv)
+  args = training.study_arguments(__doc__.splitlines()[0], DEFAULT_OUT).parse_args(argv)
   scale = SCALES["smoke" if args.smoke else "default"]
-  out = args.out or DEFAULT_OUT
+  out = args.out
   out.mkdir(parents=True, exist_ok=True)
   runs = harness.load_summaries(harness.summaries_path(out))
   if not args.report_only:
