@@ -62,14 +62,16 @@ def _server_tx(key: tuple[str, float]) -> optax.GradientTransformation:
   return optax.sgd(lr, momentum=0.5) if kind == "sgd_m" else optax.sgd(lr)
 
 
-def make_algorithm(candidate: str) -> sim.Algorithm:
+def make_algorithm(candidate: str, lr: float = LR) -> sim.Algorithm:
+  """The candidate with the workers' rate ``lr`` ("printed": the server's rate too)."""
   options = CANDIDATES[candidate]
-  worker_tx = al.local_optimizer(LR)
+  worker_tx = al.local_optimizer(lr)
   if options is None:
     return sim.algorithm("ar_sgd", worker_tx=worker_tx)
   options = dict(options, message=options.get("message", "update"))
   if "server_tx" in options:
-    options["server_tx"] = _server_tx(options["server_tx"])
+    kind, server_lr = options["server_tx"]
+    options["server_tx"] = _server_tx((kind, lr if kind == "sgd" else server_lr))
   return sim.algorithm("aladdin", worker_tx=worker_tx, **options)
 
 
