@@ -107,90 +107,6 @@ def aladdin_recipe() -> list[Claim]:
 
 
 # ------------------------------------------------------------------------------------------------
-# ALADDIN: equal tuning (results/equal_tuning/runs.json)
-# ------------------------------------------------------------------------------------------------
-
-NAMES = {"aladdin": "ALADDIN", "ar_sgd": "AR-SGD", "sgp": "SGP", "easgd": "EASGD", "asp": "ASP"}
-
-
-def _time_to(curve: Sequence[Sequence[float]], target: float) -> float | None:
-  return next((t for t, a, *_ in curve if a >= target), None)
-
-
-def aladdin_equal_tuning() -> list[Claim]:
-  runs = _json(ROOT / "aladdin" / "equal_tuning" / "results" / "runs.json")
-
-  def cell(group: str, alg: str, cluster: str, epochs: int, lr: float, what: str = "acc") -> Values:
-    out = {}
-    for r in runs.values():
-      c = r["cell"]
-      if (c["group"], c["alg"], c["cluster"], c["epochs"], c["lr"]) == (
-        group,
-        alg,
-        cluster,
-        epochs,
-        lr,
-      ):
-        value = r["test_accuracy"] if what == "acc" else _time_to(r["curve"], 0.8)
-        if value is not None:
-          out[c["seed"]] = value
-    return out
-
-  claims = []
-  for epochs in (15, 45):
-    for cluster in ("HO", "HE1", "HE2"):
-      mine = cell("equal", "aladdin", cluster, epochs, 0.1)
-      for other in ("ar_sgd", "sgp", "easgd"):
-        theirs = cell("equal", other, cluster, epochs, 0.1)
-        claims.append(
-          _claim("ALADDIN", NAMES[other], f"lr 0.1, {epochs} epochs, {cluster}", mine, theirs)
-        )
-    if epochs == 15:
-      claims.append(
-        _claim(
-          "ALADDIN (lr 0.1)",
-          "AR-SGD (lr 0.2)",
-          "each's best of the sweep, 15 epochs, HO",
-          cell("equal", "aladdin", "HO", 15, 0.1),
-          cell("sweep", "ar_sgd", "HO", 15, 0.2),
-        )
-      )
-  claims.append(
-    Claim(
-      "ALADDIN - AR-SGD, time to 0.8, lr 0.1, 15 epochs, HO",
-      cell("equal", "aladdin", "HO", 15, 0.1, "time"),
-      cell("equal", "ar_sgd", "HO", 15, 0.1, "time"),
-      digits=1,
-      words=("AR-SGD first", "ALADDIN first"),
-    )
-  )
-  for epochs in (15, 45):
-    for cluster in ("HO", "HE1", "HE2"):
-      claims.append(
-        _claim(
-          "ALADDIN",
-          "AR-SGD",
-          f"paper's recipe, {epochs} epochs, {cluster}",
-          cell("paper", "aladdin", cluster, epochs, 0.08),
-          cell("paper", "ar_sgd", cluster, epochs, 0.08),
-        )
-      )
-  for alg in ("aladdin", "ar_sgd"):
-    claims.append(
-      _claim(
-        f"{NAMES[alg]} paper's recipe",
-        f"{NAMES[alg]} lr 0.1",
-        "15 epochs, HO",
-        cell("paper", alg, "HO", 15, 0.08),
-        cell("equal", alg, "HO", 15, 0.1),
-      )
-    )
-  full = cell("ablation", "full", "HE1", 15, 0.1)
-  claims.append(_claim("L2", "full", "ablation, HE1", cell("ablation", "L2", "HE1", 15, 0.1), full))
-  return claims
-
-
-# ------------------------------------------------------------------------------------------------
 # ALADDIN: the first study (results/runs.json)
 # ------------------------------------------------------------------------------------------------
 
@@ -464,7 +380,6 @@ def cnn() -> list[Claim]:
 
 STUDIES: dict[str, tuple[str, Callable[[], list[Claim]]]] = {
   "aladdin_recipe": ("aladdin/recipe/RESULTS.md", aladdin_recipe),
-  "aladdin_equal_tuning": ("aladdin/equal_tuning/RESULTS.md", aladdin_equal_tuning),
   "aladdin_reproduction": ("aladdin/reproduction/RESULTS.md", aladdin_reproduction),
   "adamw": ("adamw_scaling/RESULTS.md", adamw),
   "resnet": ("large_batch_resnet/RESULTS.md", resnet),

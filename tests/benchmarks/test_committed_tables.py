@@ -161,17 +161,6 @@ def test_aladdin_recipe_report_only(tmp_path):
   )
 
 
-def test_aladdin_equal_tuning_report_only(tmp_path, monkeypatch):
-  from benchmarks.aladdin.equal_tuning import main as equal_tuning
-
-  monkeypatch.setattr(equal_tuning, "plot", lambda *args: True)  # plots are not tables
-  out = copy_results("aladdin/equal_tuning/results", tmp_path, ["runs.json"])
-  text = equal_tuning.main(["--report_only", "--out", str(out)])
-  assert text == (BENCH / "aladdin/equal_tuning/results/tables.md").read_text()
-  sources = [text, claims.render("aladdin_equal_tuning")]
-  assert assert_results_tables_in("aladdin/equal_tuning/RESULTS.md", sources) == 7
-
-
 def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
   from benchmarks.aladdin.reproduction import main as study
 
