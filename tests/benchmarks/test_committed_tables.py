@@ -149,16 +149,27 @@ def test_results_file_carries_its_claims_table(study):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_aladdin_recipe_report_only(tmp_path):
+def _validation_report(study: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+  """``--report_only`` of a study's validation rerun, which must equal its committed tables."""
+  import importlib
+
+  module = importlib.import_module(f"benchmarks.aladdin.{study}.validation")
+  monkeypatch.setattr(module, "plot", lambda *args: True)  # plots are not tables
+  out = copy_results(f"aladdin/{study}/results/validation", tmp_path, ["runs.json"])
+  text = module.main(["--report_only", "--out", str(out)])
+  assert text == (BENCH / f"aladdin/{study}/results/validation/tables.md").read_text()
+  return text
+
+
+def test_aladdin_recipe_report_only(tmp_path, monkeypatch):
   from benchmarks.aladdin.recipe import main as recipe
 
   out = copy_results("aladdin/recipe/results", tmp_path, ["runs.json"])
   text = recipe.main(["--report_only", "--out", str(out)])
   assert text == (BENCH / "aladdin/recipe/results/recipe.md").read_text()
-  assert (
-    assert_results_tables_in("aladdin/recipe/RESULTS.md", [text, claims.render("aladdin_recipe")])
-    == 2
-  )
+  sources = [text, _validation_report("recipe", tmp_path, monkeypatch)]
+  sources.append(claims.render("aladdin_recipe"))
+  assert assert_results_tables_in("aladdin/recipe/RESULTS.md", sources) == RECIPE_TABLES
 
 
 def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
@@ -170,8 +181,9 @@ def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
   text = study.main(["--report_only", "--out", str(out)])
   committed = (BENCH / "aladdin/reproduction/results/tables.md").read_text()
   assert md_tables(text) == md_tables(committed)
-  sources = [text, claims.render("aladdin_reproduction")]
-  assert assert_results_tables_in("aladdin/reproduction/RESULTS.md", sources) == 7
+  sources = [text, _validation_report("reproduction", tmp_path, monkeypatch)]
+  sources.append(claims.render("aladdin_reproduction"))
+  assert assert_results_tables_in("aladdin/reproduction/RESULTS.md", sources) == 9
 
 
 @pytest.mark.parametrize(
