@@ -1,5 +1,7 @@
 """The measurement that chose ALADDIN's defaults (the recommended recipe of ``al.Aladdin``).
 
+It chose on the test accuracy; ``validation.py`` re-makes the choice on a validation split.
+
 The setting of the target: 8 simulated workers, the example CNN on MNIST-1D, 15 epochs of
 samples, the workers' optimizer ``al.local_optimizer(0.1)`` (momentum 0.9, weight decay 1e-4)
 for ALADDIN and AR-SGD alike, on the homogeneous cluster (HO) and with one worker 10x slower
