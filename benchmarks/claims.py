@@ -120,7 +120,7 @@ def _recipe_on_validation() -> list[Claim]:
   default = "update_p4_a0.5"
   # The default runs the final seeds too only when validation chose another recipe.
   chosen = next((c for c in rate if c not in ("ar_sgd", default)), default)
-  name = {c: f"{c} (lr {lr:g})" for c, lr in rate.items()}
+  name = {c: f"{'AR-SGD' if c == 'ar_sgd' else c} (lr {lr:g})" for c, lr in rate.items()}
   ar = acc[("ar_sgd", "HO")]  # AR-SGD's model does not depend on the cluster
   ten = range(10)
   claims = [

@@ -169,7 +169,7 @@ def test_aladdin_recipe_report_only(tmp_path, monkeypatch):
   assert text == (BENCH / "aladdin/recipe/results/recipe.md").read_text()
   sources = [text, _validation_report("recipe", tmp_path, monkeypatch)]
   sources.append(claims.render("aladdin_recipe"))
-  assert assert_results_tables_in("aladdin/recipe/RESULTS.md", sources) == RECIPE_TABLES
+  assert assert_results_tables_in("aladdin/recipe/RESULTS.md", sources) == 5
 
 
 def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
