@@ -54,13 +54,15 @@ def test_final_grid_adds_the_default_only_when_another_recipe_is_chosen() -> Non
 
 
 def test_candidates_take_the_workers_rate() -> None:
-  printed = recipe.make_algorithm("printed", 0.2)
-  assert printed.message == "gradient"
-  state = printed.server_tx.init(optax.tree_utils.tree_zeros_like(1.0))
-  assert float(printed.server_tx.update(1.0, state)[0]) == pytest.approx(-0.2)  # eta = lr
-  momentum = recipe.make_algorithm("update_p4_a0.5_server_m0.5", 0.2).server_tx
+  printed = vars(recipe.make_algorithm("printed", 0.2))
+  assert printed["message"] == "gradient"
+  server = printed["server_tx"]
+  state = server.init(optax.tree_utils.tree_zeros_like(1.0))
+  assert float(server.update(1.0, state)[0]) == pytest.approx(-0.2)  # eta = the workers' rate
+  momentum = vars(recipe.make_algorithm("update_p4_a0.5_server_m0.5", 0.2))["server_tx"]
   assert float(momentum.update(1.0, momentum.init(0.0))[0]) == pytest.approx(-1.0)  # fixed 1.0
-  assert recipe.make_algorithm(study.DEFAULT, 0.2).server_tx is None  # al.Aladdin's default
+  default = vars(recipe.make_algorithm(study.DEFAULT, 0.2))
+  assert default["server_tx"] is None  # al.Aladdin's default server
 
 
 def test_smoke_study_writes_tables_plot_and_resumes(

@@ -282,12 +282,15 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
     style = "k-o" if candidate == BASELINE else ("r-o" if candidate == DEFAULT else "-")
     left.plot(xs, [_mean(accs[lr]) for lr in xs], style, label=candidate, lw=1)
   left.set_xscale("log")
+  ticks = sorted({*scale.rates, *scale.ar_rates})
+  left.set_xticks(ticks, [f"{x:g}" for x in ticks])
+  left.minorticks_off()
   left.set_xlabel("workers' rate (AR-SGD: on the mean gradient)")
   left.set_ylabel(f"validation accuracy ({scale.clusters[0]}, mean of tuning seeds)")
   left.legend(fontsize=6)
   left.grid(alpha=0.3)
   seed = scale.seeds[0]
-  for r in runs.values():
+  for _, r in sorted(runs.items()):  # by name: the same plot from a resumed or a loaded run
     cell = r["cell"]
     if cell["group"] == "final" and cell["seed"] == seed:
       curve = r["curve"]

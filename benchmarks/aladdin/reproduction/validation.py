@@ -133,10 +133,10 @@ def report(runs: dict[str, dict], scale: Scale) -> str:
     accs = _accs(runs, _ar_specs(scale, lr))
     rows.append([f"{lr:g}", harness.mean_std(accs, ".4f"), len(accs)])
   parts.append(harness.markdown_table(["rate", "validation accuracy", "seeds"], rows) + "\n")
-  lr = choose_ar_rate(runs, scale)
-  if lr is not None:
-    edge = " (grid edge)" if lr in (scale.ar_rates[0], scale.ar_rates[-1]) else ""
-    parts.append(f"Chosen: {lr:g}{edge}; main.py's Table 2 runs 0.2.\n")
+  chosen = choose_ar_rate(runs, scale)
+  if chosen is not None:
+    edge = " (grid edge)" if chosen in (scale.ar_rates[0], scale.ar_rates[-1]) else ""
+    parts.append(f"Chosen: {chosen:g}{edge}; main.py's Table 2 runs 0.2.\n")
   parts.append(
     f"## normalise x server_tx x alpha (validation accuracy, {scale.cluster}, seeds {seeds}; "
     "best first)\n"
