@@ -46,6 +46,10 @@ SWEEP_METHOD = "adam_lsw"  # at S = 8 every rule has scale 1: this is plain Adam
 TUNED_METHOD = "adamw"  # plain AdamW with its own rate at every S
 SELECTION_SEEDS = (100,)  # no reported seed: the rates are chosen on these ...
 FINAL_SEEDS = (0, 1, 2, 3, 4)  # ... and reported (test accuracy) on these
+# Added after the pre-registered selection had run (RESULTS.md says so): would a second
+# selection seed have chosen the same rates?
+CHECK_SEEDS = (100, 101)
+SELECTED_METHODS = (TUNED_METHOD, "lamb")  # LAMB's validation selection: also added after
 SELECTION_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
 
@@ -107,80 +111,96 @@ def pick(scores: Mapping[float, float]) -> float:
 
 
 def selection(
-  score: Callable[[int, float, int], float | None], s: int
+  score: Callable[[int, float, int], float | None],
+  s: int,
+  rates: Sequence[float] = SELECTION_RATES,
+  seeds: Sequence[int] = SELECTION_SEEDS,
 ) -> tuple[list[float], float | None]:
   """The rates to sweep at S = ``s`` and the chosen one (None until the sweep has finished).
 
   ``score(s, rate, seed)`` is a finished run's final validation accuracy, or None. The sweep is
-  ``SELECTION_RATES``; if its best is at an edge, one more rate beyond that edge joins it (once).
+  ``rates``; if its best is at an edge, one more rate beyond that edge joins it (once).
   """
-  rates = list(SELECTION_RATES)
+  swept = list(rates)
   for _ in range(2):
     scores = {}
-    for lr in rates:
-      values = [score(s, lr, seed) for seed in SELECTION_SEEDS]
+    for lr in swept:
+      values = [score(s, lr, seed) for seed in seeds]
       if any(v is None for v in values):
-        return rates, None
+        return swept, None
       scores[lr] = sum(values) / len(values)  # type: ignore[arg-type]  # no None left
     best = pick(scores)
-    extra = edge_step(SELECTION_RATES, best) if len(rates) == len(SELECTION_RATES) else None
+    extra = edge_step(rates, best) if len(swept) == len(rates) else None
     if extra is None:
-      return rates, best
-    rates.append(extra)
-  return rates, best
+      return swept, best
+    swept.append(extra)
+  return swept, best
 
 
-def _run_score(
-  runs_dir: Path, epochs: int, num_samples: int
-) -> Callable[[int, float, int], float | None]:
+def base_rates(method: str, s: int) -> tuple[float, ...]:
+  """The first sweep of ``method`` (AdamW or LAMB) at S = ``s``."""
+  return lamb_rates(s) if method == "lamb" else SELECTION_RATES
+
+
+def chosen_rate(
+  runs_dir: Path, method: str, s: int, epochs: int, num_samples: int, seeds: Sequence[int]
+) -> tuple[list[float], float | None]:
+  """``selection`` of ``method`` at S = ``s`` from the finished runs under ``runs_dir``."""
   from benchmarks.adamw_scaling.train import Run
 
   def score(s: int, lr: float, seed: int) -> float | None:
-    run = Run(TUNED_METHOD, s, seed, lr, epochs, num_samples, sweep=True)
+    run = Run(method, s, seed, lr, epochs, num_samples, sweep=True)
     return validation_accuracy(runs_dir / run.name)
 
-  return score
+  return selection(score, s, base_rates(method, s), seeds)
 
 
 def selection_runs(
   runs_dir: Path, scales: Sequence[int], epochs: int, num_samples: int
 ) -> list[Any]:
-  """AdamW's rate sweep on the selection seeds at every S (scored on the validation set)."""
+  """AdamW's and LAMB's rate sweeps on the selection (and check) seeds at every S."""
   from benchmarks.adamw_scaling.train import Run
 
-  score = _run_score(runs_dir, epochs, num_samples)
-  return [
-    Run(TUNED_METHOD, s, seed, lr, epochs, num_samples, sweep=True)
-    for s in scales
-    for lr in selection(score, s)[0]
-    for seed in SELECTION_SEEDS
-  ]
+  runs: dict[str, Any] = {}
+  for seeds in (SELECTION_SEEDS, CHECK_SEEDS):
+    for method in SELECTED_METHODS:
+      for s in scales:
+        for lr in chosen_rate(runs_dir, method, s, epochs, num_samples, seeds)[0]:
+          for seed in seeds:
+            run = Run(method, s, seed, lr, epochs, num_samples, sweep=True)
+            runs.setdefault(run.name, run)
+  return list(runs.values())
 
 
 def final_runs(
   runs_dir: Path, scales: Sequence[int], epochs: int, num_samples: int, malladi_variant: bool
 ) -> list[Any]:
   """On the reported seeds: Malladi's rule from the base rate where it is defined (k (1 - b1)
-  < 1; elsewhere its b1-kept variant, if asked), and AdamW at each S's chosen rate (at S = 8
-  the archived baseline is that run when the chosen rate is the base rate)."""
+  < 1; elsewhere its b1-kept variant, if asked), and AdamW and LAMB at each S's chosen rates
+  (by the selection and the check seeds; finished runs, e.g. archived LAMB ones, are skipped; at
+  S = 8 the archived baseline is AdamW's run when the chosen rate is the base rate)."""
   from benchmarks.adamw_scaling.train import B1, Run
 
   base = best_rate(sweep_runs(epochs, num_samples), runs_dir)
-  score = _run_score(runs_dir, epochs, num_samples)
-  runs = []
+  runs: dict[str, Any] = {}
   for s in (s for s in scales if s > 8):
     k = s // 8
     method = "malladi" if k * (1 - B1) < 1 else "malladi_b2"
     if base is not None and (method == "malladi" or malladi_variant):
-      runs += [Run(method, s, seed, base, epochs, num_samples) for seed in FINAL_SEEDS]
-  for s in scales:
-    rate = selection(score, s)[1]
-    if rate is None or (s == 8 and rate == base):
-      continue
-    runs += [
-      Run(TUNED_METHOD, s, seed, rate, epochs, num_samples, sweep=True) for seed in FINAL_SEEDS
-    ]
-  return sorted(runs, key=lambda r: (r.method == "malladi_b2", r.method != "malladi"))
+      for seed in FINAL_SEEDS:
+        run = Run(method, s, seed, base, epochs, num_samples)
+        runs[run.name] = run
+  for seeds in (SELECTION_SEEDS, CHECK_SEEDS):
+    for method in SELECTED_METHODS:
+      for s in scales:
+        rate = chosen_rate(runs_dir, method, s, epochs, num_samples, seeds)[1]
+        if rate is None or (method == TUNED_METHOD and s == 8 and rate == base):
+          continue
+        for seed in FINAL_SEEDS:
+          run = Run(method, s, seed, rate, epochs, num_samples, sweep=True)
+          runs.setdefault(run.name, run)
+  order = {"malladi": 0, TUNED_METHOD: 1, "lamb": 2, "malladi_b2": 3}
+  return sorted(runs.values(), key=lambda r: order[r.method])
 
 
 def grid_runs(
