@@ -307,6 +307,8 @@ ADAMW_LABELS = {
   "adamw": "tuned AdamW",
   "malladi": "Malladi SDE rule",
   "malladi_b2": "Malladi, b1 kept (variant)",
+  "lamb_val": "LAMB (validation rate)",
+  "adamw_check": "AdamW (check-seed rate)",
 }
 
 
@@ -333,8 +335,10 @@ ADAMW_REFERENCE_RULES = (
   "adascale",
   "lena",
   "lamb",
+  "lamb_val",
   "malladi",
   "malladi_b2",
+  "adamw_check",
 )
 
 

@@ -241,7 +241,7 @@ def test_final_runs_and_report_use_the_validation_choice(tmp_path):
     "iterations_to_target": summary["cells"]["adamw/S32"]["iterations_to_target"],
     "learning_rate": 3e-2,
   }
-  assert summary["adamw_selection"]["S32"]["chosen"] == 3e-2
+  assert summary["selection"]["adamw/seeds 100/S32"]["chosen"] == 3e-2
   tables = (out / "tables.md").read_text()
   # LENA - AdamW: +0.1 and +0.2 on seeds 0 and 1.
   p = report.paired_intervals.paired([0.6, 0.7], [0.5, 0.5])

@@ -218,7 +218,10 @@ def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected)
     argv += ["--ablation_seeds", "0", "1"]
   importlib.import_module(f"benchmarks.{study}.study").main(argv)
   if study == "adamw_scaling":
-    assert importlib.import_module(plots[0]).PAIRS == claims.ADAMW_PAIRS
+    report = importlib.import_module(plots[0])
+    assert report.PAIRS == claims.ADAMW_PAIRS
+    assert report.REFERENCE_RULES == claims.ADAMW_REFERENCE_RULES
+    assert report.REFERENCE == claims.ADAMW_REFERENCE
   rebuilt = (out / "tables.md").read_text()
   assert md_tables(rebuilt) == md_tables((BENCH / study / "results/tables.md").read_text())
   name = {"large_batch_resnet": "resnet", "large_batch_cnn": "cnn", "adamw_scaling": "adamw"}
