@@ -361,6 +361,12 @@ def adamw() -> list[Claim]:
         continue  # not run (Malladi's rule is defined at S = 32 only)
       va, vb = by_seed(cells[f"{a}/S{s}"]), by_seed(reference)
       claims.append(_claim(ADAMW_LABELS[a], ADAMW_LABELS[ADAMW_REFERENCE], f"S = {s}", va, vb))
+  # Malladi's rule differs from the square-root LSW in the betas and eps only: what they add.
+  for s in (32, 128, 256):
+    for a in ("malladi", "malladi_b2"):
+      if f"{a}/S{s}" in cells:
+        va, vb = by_seed(cells[f"{a}/S{s}"]), by_seed(cells[f"adam_sqrt_lsw/S{s}"])
+        claims.append(_claim(ADAMW_LABELS[a], ADAMW_LABELS["adam_sqrt_lsw"], f"S = {s}", va, vb))
   return claims
 
 

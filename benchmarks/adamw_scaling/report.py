@@ -50,7 +50,8 @@ REFERENCE_RULES = (
 )
 # Labels of the methods and of the cells that are not methods of their own (other rate choices).
 LABELS = {m: label for m, (label, *_) in METHODS.items()} | {
-  "lamb_val": "LAMB (rate tuned on validation)",
+  "lamb": "LAMB (rate swept, chosen on seed 0's test accuracy)",
+  "lamb_val": "LAMB (rate chosen on validation)",
   "adamw_check": "AdamW (rate chosen on the check seeds)",
 }
 
@@ -90,7 +91,7 @@ def select(runs: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, A
     for s, (_, rate) in tuned_rates(runs, method, seeds).items():
       finals = _finals(runs, method, s, rate)
       if method == REFERENCE and s == 8 and not finals and base and _rate(base) == rate:
-        finals = base  # the same configuration (scale 1), archived
+        finals = list(base)  # the same configuration (scale 1), archived; its own cell
       if rate is None or not finals:
         continue
       if key == "adamw_check" and (REFERENCE, s) in cells and rate == _rate(cells[(REFERENCE, s)]):
