@@ -204,7 +204,7 @@ def test_aladdin_ray_report_only(tmp_path, monkeypatch, study, result, expected)
   [
     ("large_batch_resnet", ("benchmarks.large_batch_resnet.plots", "plot_all"), 10),
     ("large_batch_cnn", ("benchmarks.large_batch_cnn.report", "plot_all"), 5),
-    ("adamw_scaling", ("benchmarks.adamw_scaling.report", "_plots"), 2),
+    ("adamw_scaling", ("benchmarks.adamw_scaling.report", "_plots"), 4),
   ],
 )
 def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected):
