@@ -304,7 +304,7 @@ def _reference_plot(out: Path, rows) -> None:
     return
   plt = analysis.pyplot()
   scales = sorted({s for s, _, _ in rows})
-  fig, axes = plt.subplots(1, len(scales), figsize=(4 * len(scales), 3.2), squeeze=False)
+  fig, axes = plt.subplots(1, len(scales), figsize=(4.5 * len(scales), 3.4), squeeze=False)
   for ax, s in zip(axes[0], scales, strict=True):
     mine = [(row[0], p) for t, row, p in rows if t == s]
     ys = range(len(mine))
@@ -313,7 +313,7 @@ def _reference_plot(out: Path, rows) -> None:
     ax.axvline(0.0, color="gray", lw=0.8)
     ax.set_yticks(list(ys), [label for label, _ in mine], fontsize=6)
     ax.set_title(f"S = {s} (batch {s * PER_WORKER_BATCH})", fontsize=8)
-    ax.set_xlabel("test accuracy - tuned AdamW (95% t interval)", fontsize=7)
+    ax.set_xlabel("A - tuned AdamW, test accuracy (95% t)", fontsize=7)
   analysis.save_figure(fig, out / "paired_vs_tuned_adamw.png")
 
 
