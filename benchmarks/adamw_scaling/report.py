@@ -272,8 +272,10 @@ def _reference_rows(cells, scales) -> list[tuple[int, list[Any], paired_interval
   return out
 
 
-SELECTIONS = ((REFERENCE, study.SELECTION_SEEDS), ("lamb", study.SELECTION_SEEDS))
-SELECTIONS += tuple((m, study.CHECK_SEEDS) for m, _ in SELECTIONS)
+# (method, seeds) of every validation choice: the selection seeds', then the check seeds'.
+SELECTIONS: tuple[tuple[str, tuple[int, ...]], ...] = tuple(
+  (m, seeds) for seeds in (study.SELECTION_SEEDS, study.CHECK_SEEDS) for m in (REFERENCE, "lamb")
+)
 
 
 def _selection_table(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
