@@ -265,6 +265,11 @@ ADAMW_LABELS = {
   "lena_sqrt_sa": "LENA p=1/2 + SA",
   "adascale_sa": "AdaScale p=1 + SA",
   "adascale_sqrt_sa": "AdaScale p=1/2 + SA",
+  "adamw": "tuned AdamW",
+  "malladi": "Malladi SDE rule",
+  "malladi_b2": "Malladi, b1 kept (variant)",
+  "lamb_val": "LAMB (validation rate)",
+  "adamw_check": "AdamW (check-seed rate)",
 }
 
 
@@ -282,6 +287,20 @@ ADAMW_PAIRS = (
   ("lena", "adam_sqrt_lsw"),
   ("lena", "lamb"),
 )
+# Every rule against AdamW with its rate tuned on validation at that S
+# (``benchmarks.adamw_scaling.report.REFERENCE_RULES``; the committed-tables test checks them).
+ADAMW_REFERENCE = "adamw"
+ADAMW_REFERENCE_RULES = (
+  "adam_sqrt_lsw",
+  "adam_lsw",
+  "adascale",
+  "lena",
+  "lamb",
+  "lamb_val",
+  "malladi",
+  "malladi_b2",
+  "adamw_check",
+)
 
 
 def adamw() -> list[Claim]:
@@ -292,6 +311,23 @@ def adamw() -> list[Claim]:
       va = dict(enumerate(cells[f"{a}/S{s}"]["final_accuracy"]))
       vb = dict(enumerate(cells[f"{b}/S{s}"]["final_accuracy"]))
       claims.append(_claim(ADAMW_LABELS[a], ADAMW_LABELS[b], f"S = {s}", va, vb))
+
+  def by_seed(cell: dict) -> dict[int, float]:
+    return dict(zip(cell["seeds"], cell["final_accuracy"], strict=True))
+
+  for s in (32, 128, 256):
+    reference = cells.get(f"{ADAMW_REFERENCE}/S{s}")
+    for a in ADAMW_REFERENCE_RULES:
+      if reference is None or f"{a}/S{s}" not in cells:
+        continue  # not run (Malladi's rule is defined at S = 32 only)
+      va, vb = by_seed(cells[f"{a}/S{s}"]), by_seed(reference)
+      claims.append(_claim(ADAMW_LABELS[a], ADAMW_LABELS[ADAMW_REFERENCE], f"S = {s}", va, vb))
+  # Malladi's rule differs from the square-root LSW in the betas and eps only: what they add.
+  for s in (32, 128, 256):
+    for a in ("malladi", "malladi_b2"):
+      if f"{a}/S{s}" in cells:
+        va, vb = by_seed(cells[f"{a}/S{s}"]), by_seed(cells[f"adam_sqrt_lsw/S{s}"])
+        claims.append(_claim(ADAMW_LABELS[a], ADAMW_LABELS["adam_sqrt_lsw"], f"S = {s}", va, vb))
   return claims
 
 

@@ -30,6 +30,11 @@ PER_WORKER_BATCH = 8
 REFERENCE_SCALE = 8  # the rate is tuned at S = 8 workers ...
 REFERENCE_BATCH = REFERENCE_SCALE * PER_WORKER_BATCH  # ... i.e. at global batch 64
 WEIGHT_DECAY = 1e-4
+B1, B2, ADAM_EPS = 0.9, 0.999, 1e-8  # Adam's defaults at the reference batch
+# The validation set is the test part of an independent MNIST-1D draw (another generation
+# seed): held out from the seed-0 training and test sets by construction, so the archived runs'
+# data stay exactly as they were.
+VALIDATION_SEED = 1
 WARMUP_FRACTION = 0.05  # LSW's fixed warm-up and the state-aware theta: 5% of the base steps
 NUM_EVALS = 10
 
@@ -47,7 +52,16 @@ METHODS: dict[str, tuple[str, str, float, bool]] = {
   "adascale_sqrt_sa": ("AdaScale-AdamW p=1/2 + SA warm-up", "adascale", 0.5, True),
   "lena_sa": ("LENA-AdamW p=1 + SA warm-up", "lena", 1.0, True),
   "lena_sqrt_sa": ("LENA-AdamW p=1/2 + SA warm-up", "lena", 0.5, True),
+  # Plain AdamW at its own rate (swept at every S on the validation set): the reference.
+  "adamw": ("AdamW (rate tuned on validation)", "adamw", 1.0, False),
+  # Malladi et al.'s square-root SDE rule for Adam: rate x sqrt(k), 1 - b1 and 1 - b2 times k,
+  # eps / sqrt(k). Defined only where k (1 - b1) < 1.
+  "malladi": ("Adam + Malladi SDE rule", "malladi", 0.5, False),
+  # Where it is not (k >= 10): the same rule with b1 kept (a variant, not the paper's rule).
+  "malladi_b2": ("Adam + Malladi rule, b1 kept (variant)", "malladi_b2", 0.5, False),
 }
+# The rules of the original grid (``study.grid_runs``); the others run in their own phases.
+GRID_METHODS = tuple(m for m in METHODS if METHODS[m][1] not in ("adamw", "malladi", "malladi_b2"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +92,11 @@ class Run:
 
 
 def load_data(num_samples: int, cache_dir: str = "data_cache") -> dict[str, np.ndarray]:
-  """MNIST-1D (generated offline, seed 0), inputs standardised with the training statistics."""
+  """MNIST-1D (generated offline, seed 0) and the validation set (the test part of the
+  ``VALIDATION_SEED`` draw), inputs standardised with the training statistics."""
   data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=num_samples)
+  held_out = input_pipeline.load_mnist1d(cache_dir, seed=VALIDATION_SEED, num_samples=num_samples)
+  data["x_val"], data["y_val"] = held_out["x_test"], held_out["y_test"]
   mean, std = data["x_train"].mean(), data["x_train"].std()
   return {k: (v - mean) / std if k.startswith("x") else v for k, v in data.items()}
 
@@ -94,9 +111,12 @@ def make_optimizer(run: Run, num_train: int) -> optax.GradientTransformation:
   _, kind, power, state_aware = METHODS[run.method]
   total = total_base_steps(run, num_train)
   warmup = max(1, round(WARMUP_FRACTION * total))
-  schedule = optax.cosine_decay_schedule(run.learning_rate, total, alpha=0.01)
+  k = run.scale
+  # LSW multiplies the base rate by k: a base rate of lr / k is plain AdamW at lr, with the same
+  # warm-up and sample-clock schedule as every rule (at S = 8 the very run of the baseline).
+  base_rate = run.learning_rate / k if kind == "adamw" else run.learning_rate
+  schedule = optax.cosine_decay_schedule(base_rate, total, alpha=0.01)
   if kind == "lamb":
-    k = run.scale
 
     def lamb_schedule(count):  # on base steps, with the same linear warm-up as LSW
       base = (count + 1) * k
@@ -111,8 +131,14 @@ def make_optimizer(run: Run, num_train: int) -> optax.GradientTransformation:
     "per_worker_batch_size": PER_WORKER_BATCH,
     "reference_batch_size": REFERENCE_BATCH,
   }
-  if kind == "linear_scaling":
+  if kind in ("linear_scaling", "adamw"):
     return ol.linear_scaling_adamw(schedule, warmup_steps=warmup, **common)
+  if kind in ("malladi", "malladi_b2"):
+    b1 = 1 - k * (1 - B1) if kind == "malladi" else B1
+    if b1 <= 0:
+      raise ValueError(f"Malladi et al.'s rule needs k (1 - b1) < 1, got k = {k}.")
+    betas = {"b1": b1, "b2": 1 - k * (1 - B2), "adam_eps": ADAM_EPS / k**0.5}
+    return ol.linear_scaling_adamw(schedule, warmup_steps=warmup, **betas, **common)
   theta: dict[str, Any] = {"warmup_threshold": float(warmup)} if state_aware else {}
   build = ol.lena_adamw if kind == "lena" else ol.adascale_adamw
   return build(schedule, **theta, **common)
@@ -178,6 +204,7 @@ def train(run: Run, workdir: Path, data: dict[str, np.ndarray] | None = None) ->
       train_losses.append(loss)
       if iteration in eval_at:
         eval_loss, eval_acc = evaluate(params, data["x_test"], data["y_test"])
+        val_loss, val_acc = evaluate(params, data["x_val"], data["y_val"])
         record = {
           "type": "eval",
           "iteration": iteration,
@@ -187,6 +214,8 @@ def train(run: Run, workdir: Path, data: dict[str, np.ndarray] | None = None) ->
           "train_loss": float(np.mean(jax.device_get(train_losses))),
           "eval_loss": float(eval_loss),
           "eval_accuracy": float(eval_acc),
+          "val_loss": float(val_loss),
+          "val_accuracy": float(val_acc),
         }
         train_losses = []
         if uses_stats:

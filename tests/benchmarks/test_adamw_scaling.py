@@ -4,11 +4,14 @@ carries the optax_lena diagnostics, and the report builds; the grid picks the sw
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 pytest.importorskip("flax")
+
+import optax
 
 from benchmarks import harness
 from benchmarks.adamw_scaling import report, study, train
@@ -59,7 +62,7 @@ def test_grid_uses_the_best_swept_rates(tmp_path):
   # S = 8: only LAMB's sweep for seed 0, plus AdamW and LAMB for seed 1 (once LAMB is swept).
   assert {r.method for r in grid if r.num_workers == 8 and r.seed == 0} == {"lamb"}
   assert all(r.learning_rate == best for r in grid if r.method != "lamb")
-  assert {r.method for r in grid if r.num_workers == 32 and r.seed == 0} == set(train.METHODS)
+  assert {r.method for r in grid if r.num_workers == 32 and r.seed == 0} == set(train.GRID_METHODS)
   assert not any(r.method == "lamb" and r.seed == 1 for r in grid)  # LAMB's sweep not finished
   for run, acc in zip(study.LAMB_RATES, [0.2, 0.1, 0.3, 0.25, 0.15], strict=True):
     _fake_finished(runs_dir, train.Run("lamb", 32, 0, run, 2, 1000, sweep=True), acc)
@@ -97,3 +100,151 @@ def test_report_flags_edge_rates_and_pairs_seeds(tmp_path):
   )
   assert "0.4000 (1) @ 0.01 |" in row  # S = 32: inside the sweep
   assert "0.4000 (1) @ 1 (edge of the sweep)" in row  # S = 128: the largest rate
+
+
+def _adamw_reference(grads, w, *, rate, k, warmup, total, b1, b2, eps, decay):
+  """Float64 NumPy AdamW (decoupled decay on the kernel, the study's warm-up and sample-clock
+  cosine schedule): the parameters after each of ``grads``."""
+  m = {n: np.zeros_like(v) for n, v in w.items()}
+  v2 = {n: np.zeros_like(v) for n, v in w.items()}
+  out = []
+  for t, g in enumerate(grads, start=1):
+    step = min((t - 1) * k, total)
+    cosine = 0.99 * 0.5 * (1 + math.cos(math.pi * step / total)) + 0.01
+    eta = rate * min(t * k / warmup, 1.0) * cosine
+    for n in w:
+      m[n] = b1 * m[n] + (1 - b1) * g[n]
+      v2[n] = b2 * v2[n] + (1 - b2) * g[n] ** 2
+      m_hat, v_hat = m[n] / (1 - b1**t), v2[n] / (1 - b2**t)
+      u = m_hat / (np.sqrt(v_hat) + eps) + (decay * w[n] if n == "kernel" else 0.0)
+      w = {**w, n: w[n] - eta * u}
+    out.append(w)
+  return out
+
+
+@pytest.mark.parametrize(
+  "method, s, rate",
+  [("adamw", 32, 3e-2), ("adamw", 8, 1e-2), ("malladi", 32, 1e-2), ("malladi_b2", 128, 1e-2)],
+)
+def test_tuned_adamw_and_malladi_match_numpy(method, s, rate):
+  """Plain AdamW at its own rate (no multiplier) and Malladi et al.'s rule (rate x sqrt(k),
+  1 - b1 and 1 - b2 times k, eps / sqrt(k); b1 kept in the variant) against float64 NumPy."""
+  import jax
+  import jax.numpy as jnp
+
+  import optax_lena as ol
+
+  run = train.Run(method, s, 0, rate, 8, 10_000, sweep=method == "adamw")
+  num_train = 8000
+  k = run.scale
+  total = train.total_base_steps(run, num_train)
+  warmup = max(1, round(train.WARMUP_FRACTION * total))
+  if method == "adamw":
+    kw = {"rate": rate, "b1": 0.9, "b2": 0.999, "eps": 1e-8}
+  else:
+    b1 = 1 - k * 0.1 if method == "malladi" else 0.9
+    kw = {"rate": rate * math.sqrt(k), "b1": b1, "b2": 1 - k * 0.001, "eps": 1e-8 / math.sqrt(k)}
+  rng = np.random.default_rng(0)
+  w0 = {"kernel": rng.normal(size=(3, 2)), "bias": rng.normal(size=(2,))}
+  stacked = [{n: rng.normal(size=(s, *v.shape)) for n, v in w0.items()} for _ in range(3)]
+  expected = _adamw_reference(
+    [{n: g.mean(axis=0) for n, g in st.items()} for st in stacked],
+    w0,
+    k=k,
+    warmup=warmup,
+    total=total,
+    decay=train.WEIGHT_DECAY,
+    **kw,
+  )
+  tx = train.make_optimizer(run, num_train)
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), w0)
+  state = tx.init(params)
+  for st, want in zip(stacked, expected, strict=True):
+    grads, stats = ol.stacked_grad_stats(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), st))
+    updates, state = tx.update(grads, state, params, grad_stats=stats)
+    params = optax.apply_updates(params, updates)
+    for n in w0:
+      np.testing.assert_allclose(np.asarray(params[n]), want[n], rtol=1e-5, atol=1e-6)
+
+
+def test_malladi_rule_is_undefined_beyond_k_10():
+  with pytest.raises(ValueError, match="k \\(1 - b1\\) < 1"):
+    train.make_optimizer(train.Run("malladi", 128, 0, 1e-2, 8, 10_000), 8000)
+
+
+def test_selection_picks_the_best_validation_rate_and_extends_an_edge():
+  rates = study.SELECTION_RATES
+  assert study.pick({1e-3: 0.5, 1e-2: 0.7, 3e-2: 0.7}) == 1e-2  # a tie goes to the smaller rate
+  assert study.edge_step(rates, 1e-1) == 3e-1 and study.edge_step(rates, 1e-3) == 3e-4
+  assert study.edge_step(rates, 1e-2) is None
+  inside = {1e-3: 0.1, 3e-3: 0.3, 1e-2: 0.6, 3e-2: 0.5, 1e-1: 0.2}
+  assert study.selection(lambda s, lr, seed: inside[lr], 32) == (list(rates), 1e-2)
+  edge = {1e-3: 0.1, 3e-3: 0.2, 1e-2: 0.3, 3e-2: 0.4, 1e-1: 0.5}
+  assert study.selection(lambda s, lr, seed: edge.get(lr), 32) == ([*rates, 3e-1], None)
+  # One step beyond the edge, once: the extended sweep's best is chosen even at its new edge.
+  edge[3e-1] = 0.6
+  assert study.selection(lambda s, lr, seed: edge[lr], 32) == ([*rates, 3e-1], 3e-1)
+  # The mean over the seeds decides.
+  by_seed = {(1e-2, 100): 0.9, (1e-2, 101): 0.1, (3e-3, 100): 0.45, (3e-3, 101): 0.45}
+  two = study.selection(
+    lambda s, lr, seed: by_seed.get((lr, seed), 0.0), 32, rates, seeds=(100, 101)
+  )
+  assert two[1] == 1e-2  # 0.5 > 0.45
+  by_seed[(3e-3, 101)] = 0.6
+  assert (
+    study.selection(lambda s, lr, seed: by_seed.get((lr, seed), 0.0), 32, rates, (100, 101))[1]
+    == 3e-3
+  )
+
+
+def _fake_with_val(runs_dir, run, test_acc, val_acc):
+  workdir = runs_dir / run.name
+  workdir.mkdir(parents=True)
+  config = train.config_of(run)
+  (workdir / "config.json").write_text(json.dumps(config))
+  record = {
+    "type": "eval",
+    "iteration": config["total_steps"],
+    "eval_accuracy": test_acc,
+    "val_accuracy": val_acc,
+  }
+  (workdir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+
+
+@pytest.mark.filterwarnings("ignore:Data has no positive values")
+def test_final_runs_and_report_use_the_validation_choice(tmp_path):
+  out = tmp_path / "out"
+  runs_dir = out / "runs"
+  for run, acc in zip(study.sweep_runs(2, 1000), [0.5, 0.7, 0.6, 0.4], strict=True):
+    _fake_finished(runs_dir, run, acc)  # base rate 3e-3
+  assert study.selection_runs(runs_dir, [32], 2, 1000)  # nothing finished: the sweeps
+  # Validation prefers 3e-2; the test accuracy of the selection seed (which must not count)
+  # prefers 1e-3.
+  for lr, val in zip(study.SELECTION_RATES, [0.2, 0.3, 0.4, 0.6, 0.5], strict=True):
+    for seed in study.CHECK_SEEDS:
+      run = train.Run("adamw", 32, seed, lr, 2, 1000, sweep=True)
+      _fake_with_val(runs_dir, run, 0.9 if lr == 1e-3 else 0.1, val)
+  finals = study.final_runs(runs_dir, [32], 2, 1000, malladi_variant=False)
+  assert [(r.method, r.learning_rate) for r in finals[:5]] == [("malladi", 3e-3)] * 5
+  adamw = [r for r in finals if r.method == "adamw"]
+  assert {r.learning_rate for r in adamw} == {3e-2}
+  assert sorted(r.seed for r in adamw) == list(study.FINAL_SEEDS)
+  assert not any(r.method == "lamb" for r in finals)  # LAMB's selection has not run
+  for seed in study.FINAL_SEEDS[:2]:
+    _fake_with_val(runs_dir, train.Run("adamw", 32, seed, 3e-2, 2, 1000, sweep=True), 0.5, 0.0)
+    _fake_finished(runs_dir, train.Run("lena", 32, seed, 3e-3, 2, 1000), 0.6 + 0.1 * seed)
+  report.write_report(out)
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["cells"]["adamw/S32"] == {
+    "final_accuracy": [0.5, 0.5],
+    "seeds": [0, 1],
+    "iterations_to_target": summary["cells"]["adamw/S32"]["iterations_to_target"],
+    "learning_rate": 3e-2,
+  }
+  assert summary["selection"]["adamw/seeds 100/S32"]["chosen"] == 3e-2
+  tables = (out / "tables.md").read_text()
+  # LENA - AdamW: +0.1 and +0.2 on seeds 0 and 1.
+  p = report.paired_intervals.paired([0.6, 0.7], [0.5, 0.5])
+  row = f"| LENA-AdamW p=1 | 32 | {' | '.join(map(str, p.row('', 4)[1:]))} | not distinguishable |"
+  assert row in tables
+  assert (out / "paired_vs_tuned_adamw.png").stat().st_size > 0

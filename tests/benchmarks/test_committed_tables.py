@@ -205,7 +205,7 @@ def test_aladdin_ray_report_only(tmp_path, monkeypatch, study, result, expected)
   [
     ("large_batch_resnet", ("benchmarks.large_batch_resnet.plots", "plot_all"), 10),
     ("large_batch_cnn", ("benchmarks.large_batch_cnn.report", "plot_all"), 5),
-    ("adamw_scaling", ("benchmarks.adamw_scaling.report", "_plots"), 2),
+    ("adamw_scaling", ("benchmarks.adamw_scaling.report", "_plots"), 4),
   ],
 )
 def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected):
@@ -219,7 +219,10 @@ def test_lena_studies_report_only(tmp_path, monkeypatch, study, plots, expected)
     argv += ["--ablation_seeds", "0", "1"]
   importlib.import_module(f"benchmarks.{study}.study").main(argv)
   if study == "adamw_scaling":
-    assert importlib.import_module(plots[0]).PAIRS == claims.ADAMW_PAIRS
+    report = importlib.import_module(plots[0])
+    assert report.PAIRS == claims.ADAMW_PAIRS
+    assert report.REFERENCE_RULES == claims.ADAMW_REFERENCE_RULES
+    assert report.REFERENCE == claims.ADAMW_REFERENCE
   rebuilt = (out / "tables.md").read_text()
   assert md_tables(rebuilt) == md_tables((BENCH / study / "results/tables.md").read_text())
   name = {"large_batch_resnet": "resnet", "large_batch_cnn": "cnn", "adamw_scaling": "adamw"}
