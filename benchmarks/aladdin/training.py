@@ -243,3 +243,20 @@ def save_figure(fig: Any, path: Path) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+TARGET = 0.8  # test accuracy of the time-to-target columns
+
+
+def accuracy_at(run: dict[str, Any], time: float) -> float:
+  """The last accuracy of ``run`` evaluated at or before simulated ``time`` (nan before any)."""
+  acc = math.nan
+  for t, a, _ in run["curve"]:
+    if t <= time + 1e-9:
+      acc = a
+  return acc
+
+
+def time_to(run: dict[str, Any], target: float) -> float | None:
+  """The simulated time of ``run``'s first evaluation at or above ``target``, or None."""
+  return next((t for t, a, _ in run["curve"] if a >= target), None)

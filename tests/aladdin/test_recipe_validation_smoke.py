@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.aladdin.recipe import main as recipe
 from benchmarks.aladdin.recipe import validation as study
+from optax_lena import aladdin as al
 
 SCALE = study.SCALES["default"]
 
@@ -85,3 +86,11 @@ def test_smoke_study_writes_tables_plot_and_resumes(
   assert len(first) > 1000 and first[:4] == b"\x89PNG"
   assert study.main([*argv, "--report_only"]) == text  # byte for byte from runs.json
   assert "Trained" not in capsys.readouterr().out and png.read_bytes() == first
+
+
+def test_recipe_candidates_build_valid_specs():
+  for name in recipe.CANDIDATES:
+    spec = recipe.make_algorithm(name)
+    spec.check_trainable()
+  assert recipe.make_algorithm("printed").message == "gradient"
+  assert isinstance(recipe.make_algorithm("update_p4_a0.5"), al.Aladdin)

@@ -4,7 +4,8 @@ ALADDIN (``al.Aladdin``'s defaults), AR-SGD, SGP, EASGD and ASP (momentum and pl
 servers), each with its rate chosen on the validation split at each budget (15 and 45 epochs),
 then seeds 0-9 on HO, HE1 and HE2, paired by seed against AR-SGD. The protocol is pre-registered
 in ``RESULTS.md``; the setting and the tuning rule are the outer-optimizer study's
-(``../outer_optimizer/main.py``), the baselines are built as in ``../equal_tuning/main.py``.
+(``../outer_optimizer/main.py``), the baselines are built as in the retired equal-tuning study
+(``../equal_tuning/RESULTS.md``).
 
 Usage::
 
@@ -28,7 +29,6 @@ import optax
 
 from benchmarks import harness, paired_intervals
 from benchmarks.aladdin import training
-from benchmarks.aladdin.equal_tuning.main import TARGET, time_to
 from benchmarks.aladdin.outer_optimizer.main import best_rate
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
@@ -233,7 +233,7 @@ def _final_table(runs: dict[str, dict], scale: Scale) -> str:
         mine = list(_final(runs, method, cluster, epochs).values())
         if not mine:
           continue
-        hits = [t for t in (time_to(r, TARGET) for r in mine) if t is not None]
+        hits = [t for t in (training.time_to(r, training.TARGET) for r in mine) if t is not None]
         rows.append([
           epochs,
           cluster,
@@ -246,7 +246,9 @@ def _final_table(runs: dict[str, dict], scale: Scale) -> str:
           len(mine),
         ])  # fmt: skip
   header = ["epochs", "cluster", "method", "rate", "test accuracy", "final train loss"]
-  return harness.markdown_table([*header, f"time to {TARGET}", "time to finish", "seeds"], rows)
+  return harness.markdown_table(
+    [*header, f"time to {training.TARGET}", "time to finish", "seeds"], rows
+  )
 
 
 def _never_reached(runs: dict[str, dict], scale: Scale) -> str:
@@ -255,12 +257,13 @@ def _never_reached(runs: dict[str, dict], scale: Scale) -> str:
     for cluster in scale.clusters:
       for method in METHODS:
         here = _final(runs, method, cluster, epochs)
-        never = sorted(s for s, r in here.items() if time_to(r, TARGET) is None)
+        never = sorted(s for s, r in here.items() if training.time_to(r, training.TARGET) is None)
         if never:
           seeds = ", ".join(map(str, never))
           lines.append(f"- {epochs} epochs, {cluster}, {LABELS[method]}: seeds {seeds}")
-  head = f"Seeds whose test accuracy never reached {TARGET} (of the {scale.num_evals} evaluations):"
-  return "\n".join([head, *lines]) if lines else f"Every final run reached {TARGET}."
+  target, evals = training.TARGET, scale.num_evals
+  head = f"Seeds whose test accuracy never reached {target} (of the {evals} evaluations):"
+  return "\n".join([head, *lines]) if lines else f"Every final run reached {training.TARGET}."
 
 
 def _accuracy(runs: dict[str, dict], method: str, cluster: str, epochs: int) -> dict[int, float]:
@@ -371,7 +374,7 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
       if run is not None:
         curve = run["curve"]
         ax.plot([p[0] for p in curve], [p[1] for p in curve], label=LABELS[method])
-    ax.axhline(TARGET, color="grey", lw=0.8, ls=":")
+    ax.axhline(training.TARGET, color="grey", lw=0.8, ls=":")
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(left=0)  # symlog would otherwise add an empty negative axis
     ax.set_title(f"{cluster}, {epochs} epochs, seed {seed}")

@@ -39,7 +39,6 @@ import optax
 
 from benchmarks import harness, paired_intervals
 from benchmarks.aladdin import training
-from benchmarks.aladdin.equal_tuning.main import TARGET, accuracy_at, time_to
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
 
@@ -364,7 +363,7 @@ def _when_fastest_finishes(runs: dict[str, dict], cluster: str) -> dict[tuple[st
   fastest: dict[int, float] = {}
   for (_, seed), r in here.items():
     fastest[seed] = min(fastest.get(seed, math.inf), r["time"])
-  return {key: accuracy_at(r, fastest[key[1]]) for key, r in here.items()}
+  return {key: training.accuracy_at(r, fastest[key[1]]) for key, r in here.items()}
 
 
 def _final_table(runs: dict[str, dict], scale: Scale) -> str:
@@ -375,7 +374,7 @@ def _final_table(runs: dict[str, dict], scale: Scale) -> str:
       mine = list(_final(runs, method, cluster).values())
       if not mine:
         continue
-      hits = [t for t in (time_to(r, TARGET) for r in mine) if t is not None]
+      hits = [t for t in (training.time_to(r, training.TARGET) for r in mine) if t is not None]
       rows.append([
         cluster,
         LABELS[method],
@@ -386,7 +385,14 @@ def _final_table(runs: dict[str, dict], scale: Scale) -> str:
         harness.mean_std([at_first[(method, r["cell"]["seed"])] for r in mine], ".3f"),
         len(mine),
       ])  # fmt: skip
-  header = ["cluster", "method", "rate", "test accuracy", f"time to {TARGET}", "time to finish"]
+  header = [
+    "cluster",
+    "method",
+    "rate",
+    "test accuracy",
+    f"time to {training.TARGET}",
+    "time to finish",
+  ]
   return harness.markdown_table([*header, "acc. when the fastest finishes", "seeds"], rows)
 
 
