@@ -240,13 +240,6 @@ def step_cores(config: Config, threads: int | None) -> int:
   return threads if config.num_workers * threads < _cluster_cpus() else 0
 
 
-def shard_nice(step_cores: int) -> int:
-  """The shards' priority decrease: 10 where the workers pin their step (``step_cores`` > 0),
-  so that a shard's burst of work on a fold does not delay the next dispatch of a worker whose
-  Python thread shares the unclaimed cores with it."""
-  return 10 if step_cores else 0
-
-
 def remove_rings_on_other_nodes(run: str, timeout: float = 20.0) -> dict[str, list[str]]:
   """Removes run ``run``'s shared-memory rings on every live node but the driver's (which
   removes its own), with one task pinned to each: the workers killed by ``ray.kill`` could not.

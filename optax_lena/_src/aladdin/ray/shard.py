@@ -131,12 +131,12 @@ class ServerShard:
   def _open_checkpoints(self) -> None:
     import orbax.checkpoint as ocp
 
-    path = os.path.join(os.path.abspath(str(self.config.checkpoint_dir)), f"shard_{self.shard}")
+    checkpoint_dir = str(self.config.checkpoint_dir)  # made absolute by the Config
+    path = shard_checkpoints.shard_dir(checkpoint_dir, self.shard)
     options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(path, options=options)
     target = {"state": self.state, "updates": np.asarray(0, np.int64)}
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    checkpoint_dir = str(self.config.checkpoint_dir)
     payload = shard_checkpoints.restore(self._manager, checkpoint_dir, self.shard, target)
     if payload is not None:
       self.state = _own(payload["state"])
