@@ -254,7 +254,7 @@ class Runtime:
       bar.update(iterations_done / n if config.deterministic else now - start, iterations_done)
 
     try:
-      totals = schedulers.drive(schedule, n, check=self._check, on_result=on_result, tick=tick)
+      totals = schedulers.drive(schedule, check=self._check, on_result=on_result, tick=tick)
       wall = time.time() - start
       self._get([w.flush.remote() for w in self.workers], self.stall_timeout)
       final = self.global_params(timeout=self.stall_timeout)
