@@ -1,11 +1,8 @@
 """Where an actor's threads run: the size of XLA's CPU pool, and a worker's step on cores of its
-own (``docs/ALADDIN-ray.md``, "Cores", says why).
-
-A worker claims a free core by taking an exclusive ``flock`` on a per-core lock file, which the
-OS releases when the process ends, so two pinned workers on one machine never share a core, and
-the last core of the node is never claimed. The lock files live in a directory of the user's own
-(mode 0700, checked to be theirs and not a link) and are opened without following links; any
-failure to open or lock one means only that the core is not claimable (logged).
+own, claimed by an exclusive ``flock`` on a per-core lock file (``docs/ALADDIN-ray.md``,
+"Cores"). The lock files live in a directory of the user's own (mode 0700, checked to be theirs
+and not a link) and are opened without following links; any failure to open or lock one means
+only that the core is not claimable (logged).
 """
 
 from __future__ import annotations
