@@ -57,9 +57,7 @@ class ServerShard:
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
-    # A call's messages are applied in blocks of up to ``plan.block`` (the same values as one
-    # block, or one message at a time). Every block size is compiled before the run's clock
-    # starts (result discarded).
+    # Every block size (``Plan``) is compiled before the run's clock starts (result discarded).
     self.block = plan.block
     for k in plan.block_sizes():
       zeros = np.zeros((k, self.size), self.dtype)
