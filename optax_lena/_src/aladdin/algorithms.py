@@ -168,8 +168,7 @@ class Aladdin(Spec):
     )
 
   def worker_step(self, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The worker's pure step ``(params, opt_state, batch) -> (params, opt_state, message,
-    loss)`` (``al.local_step`` with this spec's ``message``)."""
+    """The worker's pure step: ``al.local_step`` with this spec's ``worker_tx`` and ``message``."""
     return local_step(loss_fn, self._tx(), message=self.message)
 
   def program(self, loss_fn: Callable[..., Any], num_workers: int) -> WorkerProgram:

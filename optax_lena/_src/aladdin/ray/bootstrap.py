@@ -18,22 +18,15 @@ from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
 # Ray's switch for "multi-node clusters allowed" doubles as the one that makes a local node
 # advertise, and therefore bind, the loopback address instead of the machine's external IP.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-# Ray starts every worker process (hence every actor) at nice 15 by default: on a machine shared
-# with other work, every normal process then preempts the PS shards and the workers. The
-# runtime's local node runs them at the driver's priority, and lowers only the workers'
-# (:func:`worker_nice`).
+# The nice level of Ray's worker processes (15 by default; ``docs/ALADDIN-ray.md``, "Priority").
 _NICENESS_ENV = "RAY_worker_niceness"
 
 
 @contextlib.contextmanager
 def _loopback_node() -> Iterator[None]:
-  """Makes a new local Ray node advertise, and so bind, 127.0.0.1 (Ray 2.x), and start its
-  worker processes at the driver's priority instead of Ray's nice 15.
-
-  Ray keeps a loopback node address only where "clusters" are disabled, which the environment
-  variable decides (read at import time, hence the module patch too); it is restored
-  afterwards, so a later ``ray.init(address=...)`` in the same process joins normally.
-  """
+  """Makes a new local Ray node bind 127.0.0.1 and start its actors at the driver's priority.
+  Ray reads the switch at import time, hence the module patch too; both are restored afterwards,
+  so that a later ``ray.init(address=...)`` in the same process joins normally."""
   import ray._private.ray_constants as ray_constants
 
   old_env = {name: os.environ.get(name) for name in (_LOOPBACK_ENV, _NICENESS_ENV)}
@@ -67,10 +60,8 @@ def _keep_sigterm_handler() -> Iterator[None]:
     ray_utils.set_sigterm_handler = original
 
 
-# A call's arguments above Ray's inline limit (100 KiB by default) go through the object store:
-# a shared-memory object created, sealed, fetched and freed per call, which costs the caller and
-# the shard more CPU than the call itself. A fold of a small model's messages is just above it
-# (4 messages of a 12k-parameter CNN: 190 KiB); below 1 MiB they travel inline in the call.
+# Call arguments up to 1 MiB (a fold of a small model's messages) travel inline in the call,
+# not through the object store (``docs/ALADDIN-ray.md``, "Priority, accelerators", says why).
 LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
 
 
@@ -191,12 +182,9 @@ def gcs_reachable(timeout: float = 2.0) -> bool:
 
 
 def actor_options(config: Config, role: str) -> dict[str, Any]:
-  """Ray options of a ``"worker"`` or ``"server"`` actor (shards, reducers, the mailbox).
-
-  Actors request no CPU: a small machine runs more actors than it has cores, and placement is
-  done with custom resources instead. Accelerators are requested from Ray, which then sets
-  ``CUDA_VISIBLE_DEVICES`` (and its equivalents) for the actor to exactly the devices it gave.
-  """
+  """Ray options of a ``"worker"`` or ``"server"`` actor (shards, reducers, the mailbox): no
+  CPU (a small machine runs more actors than it has cores; custom resources place them), and
+  the accelerators of ``docs/ALADDIN-ray.md``, "Accelerators"."""
   resources = config.worker_resources if role == "worker" else config.server_resources
   gpus = config.worker_gpus if role == "worker" else config.server_gpus
   options: dict[str, Any] = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
@@ -214,37 +202,27 @@ def _cluster_cpus() -> float:
 
 
 def worker_nice(config: Config, num_actors: int) -> int:
-  """The workers' priority decrease: ``config.worker_nice``, or (None) 5 when the cluster has
-  fewer CPUs than actors (the shards keep the priority the workers give up)."""
+  """``config.worker_nice``, its None resolved for ``num_actors`` actors (see :class:`Config`)."""
   if config.worker_nice is not None:
     return int(config.worker_nice)
   return 5 if num_actors > _cluster_cpus() else 0
 
 
 def intra_op_threads(config: Config, num_actors: int) -> int | None:
-  """XLA's intra-op threads per actor: ``config.intra_op_threads``, or (None) 1 when the
-  cluster has no more CPUs than actors, else XLA's default (None: one per core)."""
+  """``config.intra_op_threads``, its None resolved for ``num_actors`` actors (None: XLA's)."""
   if config.intra_op_threads is not None:
     return int(config.intra_op_threads)
   return 1 if num_actors >= _cluster_cpus() else None
 
 
 def step_cores(config: Config, threads: int | None) -> int:
-  """Cores of its own that each worker pins its step to (0: none, the OS places it):
-  ``threads`` when ``config.pin_compute`` is True, or (None) when XLA's pool is limited to
-  ``threads`` and the cluster has CPUs to spare beyond ``threads`` per worker; 0 when False."""
+  """Cores of its own that each worker pins its step to (0: none): ``config.pin_compute``, its
+  None resolved for XLA pools of ``threads`` (see :class:`Config`)."""
   if config.pin_compute is False or threads is None:
     return 0
   if config.pin_compute:
     return threads
   return threads if config.num_workers * threads < _cluster_cpus() else 0
-
-
-def shard_nice(step_cores: int) -> int:
-  """The shards' priority decrease: 10 where the workers pin their step (``step_cores`` > 0),
-  so that a shard's burst of work on a fold does not delay the next dispatch of a worker whose
-  Python thread shares the unclaimed cores with it."""
-  return 10 if step_cores else 0
 
 
 def remove_rings_on_other_nodes(run: str, timeout: float = 20.0) -> dict[str, list[str]]:

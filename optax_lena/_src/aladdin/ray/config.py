@@ -359,8 +359,7 @@ class RunResult:
     iterations: per worker.
     wait_fraction: per worker, time blocked on other processes / time in its iterations.
     compute_fraction: per worker, time in its local step / time in its iterations.
-    merges: per worker, replies merged (ALADDIN), models adopted (ASP, EASGD), gossip
-      messages mixed (SGP); 0 for AR-SGD.
+    merges: per worker, its :class:`WorkerInfo` ``merges``.
     curve: ``(seconds, metric)`` evaluations of the global model during the run.
     curve_iterations: the iterations of all workers together at each evaluation.
     shards: each shard's counters at the end (:class:`ShardStats`).

@@ -1,11 +1,8 @@
 """Where an actor's threads run: the size of XLA's CPU pool, and a worker's step on cores of its
-own (``docs/ALADDIN-ray.md``, "Cores", says why).
-
-A worker claims a free core by taking an exclusive ``flock`` on a per-core lock file, which the
-OS releases when the process ends, so two pinned workers on one machine never share a core, and
-the last core of the node is never claimed. The lock files live in a directory of the user's own
-(mode 0700, checked to be theirs and not a link) and are opened without following links; any
-failure to open or lock one means only that the core is not claimable (logged).
+own, claimed by an exclusive ``flock`` on a per-core lock file (``docs/ALADDIN-ray.md``,
+"Cores"). The lock files live in a directory of the user's own (mode 0700, checked to be theirs
+and not a link) and are opened without following links; any failure to open or lock one means
+only that the core is not claimable (logged).
 """
 
 from __future__ import annotations
@@ -76,16 +73,11 @@ def private_directory(parent: Path | None = None) -> Path | None:
     return None
   path = parent / f"optax_lena-{uid}"
   try:
-    os.mkdir(path, 0o700)
-  except FileExistsError:
-    pass  # checked below, like a new one
-  except OSError as error:
-    _log.warning("cannot create %s (%s): steps are not pinned", path, error)
-    return None
-  try:
+    with contextlib.suppress(FileExistsError):  # checked below, like a new one
+      os.mkdir(path, 0o700)
     info = os.lstat(path)
   except OSError as error:
-    _log.warning("cannot read %s (%s): steps are not pinned", path, error)
+    _log.warning("cannot create or read %s (%s): steps are not pinned", path, error)
     return None
   if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
     _log.warning(
@@ -146,11 +138,9 @@ def claim_cores(count: int, directory: Path | None = None) -> CoreClaim | None:
   for cpu in cpus[:-1]:
     if len(cores) == count:
       break
-    fd = _open_lock(directory / f"core{cpu}.lock")
-    if fd is None:
-      continue
-    fds.append(fd)
-    cores.append(cpu)
+    if (fd := _open_lock(directory / f"core{cpu}.lock")) is not None:
+      fds.append(fd)
+      cores.append(cpu)
   claim = CoreClaim(tuple(cores), frozenset(cpus) - set(cores), fds)
   if len(cores) < count:
     claim.release()

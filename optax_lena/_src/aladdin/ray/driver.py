@@ -106,7 +106,9 @@ class Runtime:
     """The PS shards, one per slice of the model (``Iteration.start_peers``)."""
     shard_cls = ray.remote(ServerShard).options(**bootstrap.actor_options(self.config, "server"))
     params = self.layout.to_vector(self.task.init_params)
-    nice = bootstrap.shard_nice(self.cores)
+    # Where the workers pin their step, a shard's burst of work on a fold must not delay the
+    # next dispatch of a worker whose Python thread shares the unclaimed cores with it.
+    nice = 10 if self.cores else 0
     self.shards = [
       shard_cls.remote(k, part, self.config, self.threads, nice)
       for k, part in enumerate(self.layout.split(params))
@@ -252,7 +254,7 @@ class Runtime:
       bar.update(iterations_done / n if config.deterministic else now - start, iterations_done)
 
     try:
-      totals = schedulers.drive(schedule, n, check=self._check, on_result=on_result, tick=tick)
+      totals = schedulers.drive(schedule, check=self._check, on_result=on_result, tick=tick)
       wall = time.time() - start
       self._get([w.flush.remote() for w in self.workers], self.stall_timeout)
       final = self.global_params(timeout=self.stall_timeout)

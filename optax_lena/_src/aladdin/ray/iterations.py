@@ -29,9 +29,8 @@ from optax_lena._src.aladdin.server import Reply, all_finite
 
 Stats = dict[str, float]
 
-# In a run until a deadline, ALADDIN's worker keeps this many steps dispatched beyond the one
-# whose message it reads: its Python work overlaps XLA's steps, and a late wake-up of its
-# thread does not leave XLA idle (at batch 32 a step takes about 0.3 ms).
+# ALADDIN's steps dispatched beyond the one whose message it reads, in a run until a deadline
+# (``docs/ALADDIN-ray.md``, "Cores", says why).
 STEPS_AHEAD = 2
 
 
@@ -243,11 +242,7 @@ class Served(Iteration):
 @runs("aladdin")
 class AladdinIteration(Served):
   """Algorithm 1: local step, push (no waiting: the outbox sends), merge the replies that have
-  arrived. In a run until a deadline, the next ``STEPS_AHEAD`` steps are dispatched before this
-  one's message is read (``docs/ALADDIN-ray.md``, "Cores"); steps are waited for in the
-  deterministic schedule, in a run bounded by iterations and for an emulated straggler (it
-  sleeps in proportion to its step's time).
-  """
+  arrived; in a run until a deadline, ``STEPS_AHEAD`` steps are in flight."""
 
   @staticmethod
   def plan(spec: Any) -> Any:
@@ -263,7 +258,8 @@ class AladdinIteration(Served):
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     if sync or deadline is None or self.local.slowdown > 1.0:
-      # sync: the deterministic schedule, every reply merged before the next message.
+      # Steps waited for: the deterministic schedule (every reply merged before the next
+      # message), a run bounded by iterations, a straggler (its sleep is in proportion to them).
       message, finite, compute, sleep = self.step()
       return _stats(compute, sleep, self.exchange(message, finite, wait_reply=sync))
     while len(self.inflight) < STEPS_AHEAD:

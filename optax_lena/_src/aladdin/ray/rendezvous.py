@@ -29,13 +29,13 @@ class _Slots:
     if len(slot["parts"]) == self.expected:
       slot["event"].set()
 
-  async def wait(self, key: Any, fn: Any, readers: int) -> Any:
+  async def wait(self, key: Any, fn: Any) -> Any:
     slot = self._slot(key)
     await slot["event"].wait()
     if "result" not in slot:
       slot["result"] = fn([slot["parts"][p] for p in sorted(slot["parts"])])
     slot["served"] += 1
-    if slot["served"] == readers:
+    if slot["served"] == self.expected:
       del self.slots[key]
     return slot["result"]
 
@@ -53,13 +53,12 @@ class Reducer:
   workers divide it by n in their step: the AR-SGD program's ``apply``)."""
 
   def __init__(self, num_workers: int):
-    self.num_workers = num_workers
     self.slots = _Slots(num_workers)
 
   async def reduce(self, step: int, worker: int, grads: np.ndarray) -> np.ndarray:
     """Waits until the n workers sent their slices for ``step``; returns their sum."""
     self.slots.put(step, int(worker), grads)
-    return await self.slots.wait(step, total, self.num_workers)
+    return await self.slots.wait(step, total)
 
 
 class Mailbox:
@@ -72,4 +71,4 @@ class Mailbox:
     self.slots.put((int(node), int(step)), 0, message)
 
   async def take(self, node: int, step: int) -> Any:
-    return await self.slots.wait((int(node), int(step)), lambda parts: parts[0], 1)
+    return await self.slots.wait((int(node), int(step)), lambda parts: parts[0])

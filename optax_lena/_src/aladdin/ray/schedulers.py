@@ -66,24 +66,21 @@ class Lockstep:
     self.calls = iterations * len(workers)  # call c is worker c % n's, in round c // n
     self.next = self.running = 0
 
-  def _submit(self) -> Submit:
+  def start(self) -> Submit:
+    """The next call, or the next round's n calls together (AR-SGD)."""
     n = len(self.workers)
     stop = min(self.calls, self.next + (n if self.together else 1))
     out = [(c % n, self.workers[c % n].step_sync.remote()) for c in range(self.next, stop)]
     self.next, self.running = stop, len(out)
     return out
 
-  def start(self) -> Submit:
-    return self._submit()
-
   def finished(self, i: int, stats: dict[str, Any]) -> Submit:
     self.running -= 1
-    return self._submit() if self.running == 0 else []
+    return self.start() if self.running == 0 else []
 
 
 def drive(
   schedule: Any,
-  num_workers: int,
   *,
   check: Callable[[float], None],
   on_result: Callable[[float, list[dict[str, Any]]], None],
@@ -93,14 +90,13 @@ def drive(
 
   Args:
     schedule: :class:`AsyncChunks`, :class:`Rounds` or :class:`Lockstep`.
-    num_workers: n.
     check: ``check(seconds since the last result)`` after every wait (signals, lost cluster).
     on_result: ``on_result(now, totals)`` after every result (progress).
     tick: ``tick(now)`` after every wait (evaluations).
   """
   import ray
 
-  totals: list[dict[str, Any]] = [{} for _ in range(num_workers)]
+  totals: list[dict[str, Any]] = [{} for _ in schedule.workers]
   inflight = dict((ref, i) for i, ref in schedule.start())
   last = time.time()
   while inflight:

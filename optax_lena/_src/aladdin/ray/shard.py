@@ -57,9 +57,7 @@ class ServerShard:
     self._manager: Any = None
     if config.checkpoint_dir is not None:
       self._open_checkpoints()
-    # A call's messages are applied in blocks of up to ``plan.block`` (the same values as one
-    # block, or one message at a time). Every block size is compiled before the run's clock
-    # starts (result discarded).
+    # Every block size (``Plan``) is compiled before the run's clock starts (result discarded).
     self.block = plan.block
     for k in plan.block_sizes():
       zeros = np.zeros((k, self.size), self.dtype)
@@ -131,12 +129,12 @@ class ServerShard:
   def _open_checkpoints(self) -> None:
     import orbax.checkpoint as ocp
 
-    path = os.path.join(os.path.abspath(str(self.config.checkpoint_dir)), f"shard_{self.shard}")
+    checkpoint_dir = str(self.config.checkpoint_dir)  # made absolute by the Config
+    path = shard_checkpoints.shard_dir(checkpoint_dir, self.shard)
     options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(path, options=options)
     target = {"state": self.state, "updates": np.asarray(0, np.int64)}
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    checkpoint_dir = str(self.config.checkpoint_dir)
     payload = shard_checkpoints.restore(self._manager, checkpoint_dir, self.shard, target)
     if payload is not None:
       self.state = _own(payload["state"])

@@ -72,7 +72,11 @@ class WorkerActor:
     self.incarnation = int(bool(context.was_current_actor_reconstructed))
     # A worker (re)starts from the current global model: after a restart by Ray it resumes the
     # training where the cluster is, not from the initial parameters.
-    params, self.start_updates = self._fetch_global() if self.shards else (task.init_params, 0)
+    params, self.start_updates = task.init_params, 0
+    if self.shards:
+      replies = ray.get([s.params.remote() for s in self.shards])
+      params = layout.to_tree(layout.join([p for p, _ in replies]))
+      self.start_updates = min(n for _, n in replies)
     program = config.spec.program(task.loss_fn, config.num_workers)
     transport: Any = self.outbox
     if peers and config.spec.synchronous:
@@ -123,11 +127,6 @@ class WorkerActor:
     channel.sweep_stale()  # the rings of a killed run's workers on this node
     regions, size, dtype = self.config.max_inflight, self.layout.size, self.layout.dtype
     return channel.open_ring(run, self.index, regions, fold, replies, size, dtype)
-
-  def _fetch_global(self) -> tuple[Any, int]:
-    replies = ray.get([s.params.remote() for s in self.shards])
-    vector = self.layout.join([p for p, _ in replies])
-    return self.layout.to_tree(vector), min(n for _, n in replies)
 
   def _count(self, stats: dict[str, Any], one: dict[str, float]) -> None:
     """Adds one iteration's statistics to the chunk's (its iteration unless it was skipped)."""

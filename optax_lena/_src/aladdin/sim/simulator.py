@@ -67,14 +67,6 @@ class SimResult:
     """Test accuracy of the last evaluation (nan without evaluations)."""
     return self.evals[-1].test_accuracy if self.evals else math.nan
 
-  def accuracy_at(self, time: float) -> float:
-    """Test accuracy of the last evaluation at or before simulated ``time`` (nan if none)."""
-    acc = math.nan
-    for point in self.evals:
-      if point.time <= time:
-        acc = point.test_accuracy
-    return acc
-
   def summary(self) -> dict[str, Any]:
     """A JSON-friendly dict (no parameters, no events)."""
     out = dataclasses.asdict(self)
