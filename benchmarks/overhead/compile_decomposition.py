@@ -53,11 +53,17 @@ VARIANTS = {
   "adascale": "AdaScale",
   "lena": "LENA",
 }
+# The workers' squared norms written other ways (``--reformulations``): as contractions, and as
+# one segment sum over all leaves concatenated.
+REFORMULATIONS = {
+  "per_worker_dot": "workers' sq. norms as dot_general",
+  "per_worker_concat": "workers' sq. norms, one concatenated segment sum",
+}
 
 
 def _piece_step(apply: Callable, piece: str) -> tuple[Callable, optax.GradientTransformation]:
   """SGD-momentum's step with one of LENA's pieces added; the piece's scalars are outputs."""
-  sgd = optax.sgd(0.1, momentum=0.9)
+  sgd, _ = optimizers(NUM_SAMPLES)["sgd_momentum"]
   tx = ol.skip_nonfinite_steps(sgd) if piece == "guard" else sgd
 
   def loss(params, x, y):
@@ -65,8 +71,18 @@ def _piece_step(apply: Callable, piece: str) -> tuple[Callable, optax.GradientTr
 
   def pieces(g):
     mean = jnp.mean(g, axis=0)
-    per_worker = jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim)))
+    rest = tuple(range(1, g.ndim))
+    if piece == "per_worker_dot":
+      per_worker = jax.lax.dot_general(g, g, ((rest, rest), ((0,), (0,))))
+    else:
+      per_worker = jnp.sum(jnp.square(g), axis=rest)
     return mean, jnp.mean(per_worker), jnp.sum(jnp.square(mean))
+
+  def concatenated_norms(leaves):
+    flat = jnp.concatenate([jnp.square(g).reshape(g.shape[0], -1) for g in leaves], axis=1)
+    ids = jnp.concatenate([jnp.full((g[0].size,), i) for i, g in enumerate(leaves)])
+    sums = jax.ops.segment_sum(flat.T, ids, num_segments=len(leaves))  # (leaves, S)
+    return list(jnp.mean(sums, axis=1))
 
   def step(params, opt_state, x, y):
     stacked = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, x, y)
@@ -77,6 +93,8 @@ def _piece_step(apply: Callable, piece: str) -> tuple[Callable, optax.GradientTr
       triples = [pieces(g) for g in jax.tree.leaves(stacked)]
       mean = jax.tree.unflatten(jax.tree.structure(stacked), [t[0] for t in triples])
       scalars = [[t[2] if piece == "mean_sq" else t[1] for t in triples]]
+      if piece == "per_worker_concat":
+        scalars = [concatenated_norms(jax.tree.leaves(stacked))]
     extra = {"grad_stats": stats} if piece == "guard" else {}
     updates, opt_state = tx.update(mean, opt_state, params, **extra)
     return optax.apply_updates(params, updates), opt_state, scalars
@@ -101,10 +119,13 @@ def compile_cpu_seconds(model: str, variant: str) -> tuple[float, float]:
   return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def bench(models: Sequence[str], repeats: int) -> list[dict[str, Any]]:
+def bench(
+  models: Sequence[str], repeats: int, reformulated: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+  """One row per model; the models in ``reformulated`` also get the REFORMULATIONS."""
   rows = []
-  names = list(VARIANTS)
   for model in models:
+    names = [*VARIANTS, *(REFORMULATIONS if model in reformulated else ())]
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for i in range(repeats):
       for name in names if i % 2 == 0 else names[::-1]:
@@ -131,6 +152,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append(
       f"| {r['model']} | {r['leaves']} | {ratios} | {min(r['sgd_momentum']['cpu_s']):.2f} |"
     )
+  reformulated = [r for r in rows if all(n in r for n in REFORMULATIONS)]
+  if reformulated:
+    names = ("per_worker_sq", *REFORMULATIONS)
+    labels = ["workers' sq. norms as reductions", *REFORMULATIONS.values()]
+    lines += ["", "| model | " + " | ".join(labels) + " |", "|" + "---|" * len(labels) + "---|"]
+    for r in reformulated:
+      cells = " | ".join(f"{r[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names)
+      lines.append(f"| {r['model']} | {cells} |")
   return "\n".join(lines) + "\n"
 
 
@@ -168,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
   parser.add_argument("--models", default="resnet18,mlp50")
   parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--reformulations", default="resnet18", help="models that also run them")
   parser.add_argument("--out", type=Path, default=Path("benchmarks/overhead/results"))
   parser.add_argument("--report_only", action="store_true", help="table and plot from the JSON")
   args = parser.parse_args(argv)
@@ -180,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   machine = harness.machine_info()
   load_before = [round(x, 2) for x in os.getloadavg()]
-  rows = bench(args.models.split(","), args.repeats)
+  rows = bench(args.models.split(","), args.repeats, args.reformulations.split(","))
   load_after = [round(x, 2) for x in os.getloadavg()]
   args.out.mkdir(parents=True, exist_ok=True)
   record = {"command": command.strip(), "machine": machine, "num_samples": NUM_SAMPLES}

@@ -72,6 +72,10 @@ def test_compile_decomposition_pieces_compute_the_statistics(tmp_path):
   from benchmarks.overhead import compile_decomposition as cd
   from benchmarks.overhead.whole_step_compile import NUM_SAMPLES, PER_WORKER_BATCH, model_for
 
+  # Timed first: a compile measured after the same step ran in this process can be a cache hit.
+  rows = cd.bench(["mlp1"], repeats=1, reformulated=["mlp1"])
+  assert rows[0]["sgd_momentum"]["ratio_vs_sgd_momentum"] == 1.0
+  assert all(rows[0][n]["ratio_vs_sgd_momentum"] > 0 for n in cd.VARIANTS)
   apply, shapes, in_shape = model_for("mlp1")
   keys = iter(jax.random.split(jax.random.PRNGKey(1), len(jax.tree.leaves(shapes))))
   params = jax.tree.map(lambda s: 0.3 * jax.random.normal(next(keys), s.shape, s.dtype), shapes)
@@ -89,13 +93,11 @@ def test_compile_decomposition_pieces_compute_the_statistics(tmp_path):
     "mean_sq": [np.sum(g.mean(0) ** 2) for g in grads],
     "per_worker_sq": [np.mean([np.sum(w**2) for w in g]) for g in grads],
   }
+  want["per_worker_dot"] = want["per_worker_concat"] = want["per_worker_sq"]
   for piece, expected in want.items():
     step, tx = cd._piece_step(apply, piece)
     (got,) = jax.jit(step)(params, tx.init(params), x, y)[2]
     np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=1e-5)
-  rows = cd.bench(["mlp1"], repeats=1)
-  assert rows[0]["sgd_momentum"]["ratio_vs_sgd_momentum"] == 1.0
-  assert all(rows[0][n]["ratio_vs_sgd_momentum"] > 0 for n in cd.VARIANTS)
   record = {
     "command": "c",
     "machine": {"cpu": "x", "cpu_cores": 2, "jax": "v"},
@@ -106,5 +108,6 @@ def test_compile_decomposition_pieces_compute_the_statistics(tmp_path):
     "repeats": 1,
   }
   cd.write_report(record, tmp_path)
-  assert "| mlp1 | 6 | 1.00x |" in (tmp_path / "compile_decomposition.md").read_text()
+  text = (tmp_path / "compile_decomposition.md").read_text()
+  assert "| mlp1 | 6 | 1.00x |" in text and "as dot_general" in text
   assert (tmp_path / "compile_decomposition.png").stat().st_size > 1000
