@@ -1,8 +1,9 @@
 """Driver scripts the Ray tests run in subprocesses (each needs a Ray session of its own).
 
-``python -m tests.aladdin.ray.driver multinode OUT.npz`` runs the deterministic schedule on one
-node, then on a two-node ``ray.cluster_utils.Cluster`` (PS shards on one node, workers on the
-other, placed with custom resources), and saves both global models and the actors' nodes.
+``python -m tests.aladdin.ray.driver multinode OUT.npz`` starts a two-node
+``ray.cluster_utils.Cluster`` and runs the deterministic schedule twice, on one node, then
+across both (PS shards on one node, workers on the other, placed with custom resources), and
+saves both global models and the actors' nodes.
 
 ``python -m tests.aladdin.ray.driver train TEMP_DIR SECONDS`` starts a local cluster under
 ``TEMP_DIR`` and prints ``STARTING`` (before the runtime starts), ``RUNNING`` (training) and
@@ -139,13 +140,14 @@ def ring_child(address: str) -> int:
 def multinode(out: str) -> None:
   from ray.cluster_utils import Cluster
 
-  ad.connect(num_cpus=1)
-  single, _, _, single_rings = _deterministic()
-  ray.shutdown()
-
   cluster, head, other = _two_nodes(Cluster)
   try:
     ad.connect(address=cluster.address)
+    # The single-node reference runs in the same cluster with everything on the driver's
+    # node: one Ray start-up less than a separate session, the same single-node path.
+    single, single_shards, single_workers, single_rings = _deterministic(
+      server_resources={"aladdin_ps": 1}, worker_resources={"aladdin_ps": 1}
+    )
     multi, shard_nodes, worker_nodes, multi_rings = _deterministic(
       server_resources={"aladdin_ps": 1}, worker_resources={"aladdin_workers": 1}
     )
@@ -160,6 +162,7 @@ def multinode(out: str) -> None:
   )
   nodes = {"head": head.node_id, "other": other.node_id}
   rings = {"single_rings": single_rings, "multi_rings": multi_rings}
+  nodes["single_nodes"] = sorted(set(single_shards) | set(single_workers))
   placement = {"shard_nodes": shard_nodes, "worker_nodes": worker_nodes}
   print(json.dumps({**nodes, **placement, **rings, "away": away}))
 

@@ -88,6 +88,7 @@ def test_two_nodes_give_the_single_node_result_with_the_deterministic_schedule(
   assert nodes["head"] != nodes["other"]
   assert len(nodes["shard_nodes"]) >= 2 and set(nodes["shard_nodes"]) == {nodes["head"]}
   assert set(nodes["worker_nodes"]) == {nodes["other"]}
+  assert nodes["single_nodes"] == [nodes["head"]]  # the reference run: one node
   # On one node the messages go through the workers' shared-memory rings; across nodes, in
   # Ray's calls: the two paths give the same result bit for bit.
   assert nodes["single_rings"] == [True, True] and nodes["multi_rings"] == [False, False]
