@@ -131,7 +131,7 @@ def test_equal_tuning_smoke_trains_selects_and_resumes(
     evals = metrics.read_metrics(out / "runs" / spec.name, "eval")
     assert s["final"]["0"]["test_accuracy"] == evals[-1]["eval_accuracy"]
     assert evals[-1]["eval_split"] == "test"
-  assert "LENA (SA) - LARS (fixed), S = 4, equal tuning | 2 |" in text
+  assert "LENA (SA) - LARS (fixed), S = 4, equal tuning | 1 |" in text
   assert (out / "equal_tuning.png").read_bytes()[:4] == b"\x89PNG"
   assert equal_tuning.main(argv) == text  # resumes: nothing to train
   assert capsys.readouterr().out.count("finished earlier, skipped") == runs
