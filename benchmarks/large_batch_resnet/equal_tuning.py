@@ -358,9 +358,11 @@ def main(argv: Sequence[str] | None = None) -> str:
   harness.unpack_runs(out)
   if not args.report_only:
     shard = harness.parse_shard(args.shard)
-    trained = train(setup, build_grid(setup, out), out, args.cache_dir, shard)
-    # The final runs join the grid once a method's sweep has finished: run them now.
-    trained += train(setup, build_grid(setup, out), out, args.cache_dir, shard)
+    grid = build_grid(setup, out)
+    trained = train(setup, grid, out, args.cache_dir, shard)
+    # The final runs join the grid once every sweep has finished: run them now.
+    if (grown := build_grid(setup, out)) != grid:
+      trained += train(setup, grown, out, args.cache_dir, shard)
     if trained:
       harness.pack_runs(out, files=FILES)
   text = report(setup, out)
