@@ -189,8 +189,18 @@ def train(setup: Setup, grid: Sequence[study.RunSpec], out: Path, cache: str, sh
     shard=shard,
     config_of=lambda spec: dataclasses.asdict(run_config(setup, spec, cache)),
     ignore=("progress_bar", "cache_dir"),
+    describe=described,
   )
   return trained
+
+
+def described(workdir: Path) -> str:
+  """The progress text of a run: its validation accuracy (the test split is for the report)."""
+  from examples import metrics
+
+  val = json.loads((workdir / "validation.json").read_text())["accuracy"]
+  updates = metrics.read_metrics(workdir, "eval")[-1]["iteration"]
+  return f"validation acc {val:.4f} after {updates} updates"
 
 
 # ------------------------------------------------------------------------------------------------
