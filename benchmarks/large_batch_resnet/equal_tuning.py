@@ -4,7 +4,7 @@ The main study (``study.py``) swept LARS's and LAMB's rates on seed 0 and report
 accuracy against LENA and AdaScale at the single worker's eta0. Here every method gets the same
 sweep, chosen on held-out data, and is then reported on other seeds:
 
-* **Sweep**: five rates per method, half a decade apart (``RATES``): LARS and LAMB on the main
+* **Sweep**: five rates per method, half a decade apart (``METHODS``): LARS and LAMB on the main
   study's grid plus one rate above it, LENA and AdaScale on eta0 x {0.1, 0.3, 1, 3, 10} around
   the single worker's eta0 = 0.05.
 * **Selection**: on ``SELECTION_SEED`` (never reported), the rate with the best validation
@@ -16,11 +16,12 @@ sweep, chosen on held-out data, and is then reported on other seeds:
   by seed (``benchmarks.paired_intervals``).
 
 Every run is one call of the trainer (``examples.lena.train_and_evaluate``) with the main
-study's settings (``study.run_config``) except the parallel strategy: ``parallel='shard_map'``
-on one device, i.e. the S per-worker batches as sequential micro-batches, each its own
-BatchNorm batch (the same computation as the main study's ``vmap`` to float rounding, tested in
-``tests/benchmarks/test_large_batch_resnet.py``; about twice as fast on this CPU). The runs
-live in ``<out>/runs/<name>`` with a ``validation.json``; ``<out>/runs.tar.xz`` archives them.
+study's settings (``study.run_config``) but one evaluation per epoch and the parallel
+strategy ``parallel='shard_map'`` on one device, i.e. the S per-worker batches as sequential
+micro-batches, each its own BatchNorm batch (the same computation as the main study's ``vmap``
+to float rounding, tested in ``tests/benchmarks/test_large_batch_resnet.py``; faster on a CPU,
+see RESULTS.md). The runs live in ``<out>/runs/<name>`` with a ``validation.json``;
+``<out>/runs.tar.xz`` archives them.
 
 Usage::
 
