@@ -399,6 +399,7 @@ def resnet() -> list[Claim]:
       acc["adascale_s256_state_aware_lr0.0125"],
     ),
   ]
+  claims += _resnet_equal_tuning()
   for s in (8, 32):
     lena = its[f"lena_s{s}_state_aware"]
     for other, label in (
@@ -415,6 +416,21 @@ def resnet() -> list[Claim]:
           words=(f"{label} first", "LENA (SA) first"),
         )
       )
+  return claims
+
+
+def _resnet_equal_tuning() -> list[Claim]:
+  """Test accuracy at each method's rate chosen on the validation draw (equal_tuning.py)."""
+  path = ROOT / "large_batch_resnet" / "results" / "equal_tuning" / "summary.json"
+  if not path.exists():
+    return []
+  summary = _json(path)
+  ms, context = summary["methods"], f"S = {summary['scale']}, equal tuning"
+  claims = []
+  for a, b in summary["pairs"]:
+    va, vb = ({int(k): f["test_accuracy"] for k, f in ms[m]["final"].items()} for m in (a, b))
+    if set(va) & set(vb):
+      claims.append(_claim(ms[a]["label"], ms[b]["label"], context, va, vb))
   return claims
 
 

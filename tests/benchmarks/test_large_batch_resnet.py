@@ -16,8 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks.large_batch_resnet import study
+from benchmarks.large_batch_resnet import equal_tuning, study
 from examples import lena, metrics
+from tests.benchmarks.test_committed_tables import md_tables
 
 
 def test_smoke_study_writes_tables_plots_and_resumes(
@@ -89,3 +90,69 @@ def test_per_worker_vmap_strategy_matches_sequential_micro_batches(tmp_path: Pat
   assert evals["vmap"]["eval_accuracy"] == pytest.approx(
     evals["shard_map"]["eval_accuracy"], abs=0.01
   )
+
+
+# ------------------------------------------------------------------------------------------------
+# The equal-tuning study (benchmarks/large_batch_resnet/equal_tuning.py)
+# ------------------------------------------------------------------------------------------------
+
+EQUAL = Path(__file__).resolve().parents[2] / "benchmarks/large_batch_resnet/results/equal_tuning"
+
+
+def test_equal_tuning_selection_rule() -> None:
+  """Best validation accuracy, ties to the smaller rate, nothing until every rate finished."""
+  assert equal_tuning.choose([0.1, 1.0, 10.0], [0.5, 0.7, 0.6]) == 1.0
+  assert equal_tuning.choose([10.0, 1.0, 0.1], [0.7, 0.7, 0.2]) == 1.0
+  assert equal_tuning.choose([0.1, 1.0], [0.5, None]) is None
+  for m in equal_tuning.METHODS:  # the pre-registered grid: 5 rates, half a decade apart
+    ratios = [b / a for a, b in zip(m.rates, m.rates[1:], strict=False)]
+    assert len(m.rates) == 5 and all(2.9 < r < 3.5 for r in ratios), m.key
+
+
+def test_equal_tuning_smoke_trains_selects_and_resumes(
+  tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+  out = tmp_path / "equal"
+  argv = ["--smoke", "--out", str(out), "--cache_dir", str(tmp_path)]
+  text = equal_tuning.main(argv)
+  setup = equal_tuning.SETUPS["smoke"]
+  sweep = len(setup.methods) * 2
+  runs = sweep + len(setup.methods) * len(setup.final_seeds)
+  assert capsys.readouterr().out.count("after ") == runs
+  summary = json.loads((out / "summary.json").read_text())
+  for m in setup.methods:
+    s = summary["methods"][m.key]
+    val = {float(r): v for r, v in s["sweep_validation_accuracy"].items()}
+    assert s["chosen_rate"] == equal_tuning.choose(list(val), list(val.values()))
+    assert sorted(s["final"], key=int) == [str(sd) for sd in setup.final_seeds]
+    spec = equal_tuning.spec_of(m, setup, s["chosen_rate"], 0)
+    config = json.loads((out / "runs" / spec.name / "config.json").read_text())
+    assert config["parallel"] == "shard_map" and config["learning_rate"] == s["chosen_rate"]
+    evals = metrics.read_metrics(out / "runs" / spec.name, "eval")
+    assert s["final"]["0"]["test_accuracy"] == evals[-1]["eval_accuracy"]
+    assert evals[-1]["eval_split"] == "test"
+  assert "LENA (SA) - LARS (fixed), S = 4, equal tuning | 1 |" in text
+  assert (out / "equal_tuning.png").read_bytes()[:4] == b"\x89PNG"
+  assert equal_tuning.main(argv) == text  # resumes: nothing to train
+  assert capsys.readouterr().out.count("finished earlier, skipped") == runs
+  shutil.rmtree(out / "runs")  # what git holds: the archive
+  assert equal_tuning.main([*argv, "--report_only"]) == text
+
+
+@pytest.mark.skipif(not (EQUAL / "summary.json").exists(), reason="the study has not run yet")
+def test_equal_tuning_committed_tables_rebuild_from_the_archive(tmp_path: Path) -> None:
+  """``--report_only`` on the committed archive gives the committed summary and tables byte for
+  byte, every number of the tables is the summary's, and RESULTS.md quotes the paired rows."""
+  shutil.copy(EQUAL / "runs.tar.xz", tmp_path / "runs.tar.xz")
+  text = equal_tuning.main(["--report_only", "--out", str(tmp_path)])
+  for name in ("summary.json", "tables.md"):
+    assert (tmp_path / name).read_bytes() == (EQUAL / name).read_bytes(), name
+  summary = json.loads((EQUAL / "summary.json").read_text())
+  assert md_tables(equal_tuning.tables(summary)) == md_tables(text)
+  for m in summary["methods"].values():
+    for seed, f in m["final"].items():
+      assert f"{seed}: {f['test_accuracy']:.4f}" in text
+  # The paired rows are rows of RESULTS.md's claims table (benchmarks.claims, study "resnet").
+  results = (EQUAL.parents[1] / "RESULTS.md").read_text().splitlines()
+  paired_rows = md_tables(text)[-1].splitlines()[2:]
+  assert paired_rows and all(row in results for row in paired_rows)
