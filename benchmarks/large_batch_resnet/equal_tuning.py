@@ -95,7 +95,12 @@ SETUPS = {
     4,
     SELECTION_SEED,
     (0,),
-    tuple(dataclasses.replace(m, rates=m.rates[1:3]) for m in METHODS if m.key in ("lena", "lars")),
+    # Two rates for LENA (a choice to make), one for LARS (its pairing with LENA): five runs.
+    tuple(
+      dataclasses.replace(m, rates=m.rates[1:3] if m.key == "lena" else m.rates[1:2])
+      for m in METHODS
+      if m.key in ("lena", "lars")
+    ),
   ),
 }
 
@@ -153,10 +158,13 @@ def build_grid(setup: Setup, out: Path) -> list[study.RunSpec]:
   """The sweep (rates interleaved across methods), then, once every sweep has finished, the
   final seeds of every method, seed by seed (the grid then no longer changes, so the shards of
   concurrent processes stay disjoint)."""
-  n = len(setup.methods[0].rates)
+  n = max(len(m.rates) for m in setup.methods)
   middle_out = sorted(range(n), key=lambda i: (abs(i - n // 2), i))  # 5 rates: 2, 1, 3, 0, 4
   grid = [
-    spec_of(m, setup, m.rates[i], setup.selection_seed) for i in middle_out for m in setup.methods
+    spec_of(m, setup, m.rates[i], setup.selection_seed)
+    for i in middle_out
+    for m in setup.methods
+    if i < len(m.rates)
   ]
   chosen = {k: r for k, r in chosen_rates(setup, out).items() if r is not None}
   if len(chosen) < len(setup.methods):

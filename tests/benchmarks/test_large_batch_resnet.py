@@ -116,7 +116,7 @@ def test_equal_tuning_smoke_trains_selects_and_resumes(
   argv = ["--smoke", "--out", str(out), "--cache_dir", str(tmp_path)]
   text = equal_tuning.main(argv)
   setup = equal_tuning.SETUPS["smoke"]
-  sweep = len(setup.methods) * 2
+  sweep = sum(len(m.rates) for m in setup.methods)
   runs = sweep + len(setup.methods) * len(setup.final_seeds)
   assert capsys.readouterr().out.count("after ") == runs
   summary = json.loads((out / "summary.json").read_text())
