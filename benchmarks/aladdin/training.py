@@ -198,6 +198,34 @@ def run_in_passes(
   return trained
 
 
+def study_main(
+  argv: Sequence[str] | None,
+  description: str,
+  default_out: Path,
+  scales: dict[str, Any],
+  passes: Callable[[dict[str, dict], Any], Sequence[Callable[[], list[Any]]]],
+  run_cell: Callable[[Any, Any, str], dict[str, Any]],
+  report: Callable[[dict[str, dict], Any], str],
+  plot: Callable[[dict[str, dict], Path, Any], bool],
+  plot_name: str,
+) -> str:
+  """A resumable study's command line: runs ``passes(runs, scale)`` (unless ``--report_only``),
+  then writes ``tables.md`` and the plot from every finished cell; returns the tables."""
+  args = study_arguments(description, default_out).parse_args(argv)
+  scale = scales["smoke" if args.smoke else "default"]
+  out = args.out
+  out.mkdir(parents=True, exist_ok=True)
+  runs = harness.load_summaries(harness.summaries_path(out))
+  if not args.report_only:
+    run = lambda cell: run_cell(cell, scale, args.cache_dir)
+    run_in_passes(passes(runs, scale), run, runs, out, args.max_cells)
+  text = report(runs, scale)
+  harness.write_text(out / "tables.md", text)
+  plot(runs, out / plot_name, scale)
+  print(text)
+  return text
+
+
 def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:
   key = ("model", preset.width)
   if key not in _TXS:

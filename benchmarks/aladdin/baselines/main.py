@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -388,30 +388,31 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
   return True
 
 
-def main(argv: Sequence[str] | None = None) -> str:
-  args = training.study_arguments(__doc__.splitlines()[0], DEFAULT_OUT).parse_args(argv)
-  scale = SCALES["smoke" if args.smoke else "default"]
-  out = args.out
-  out.mkdir(parents=True, exist_ok=True)
-  runs = harness.load_summaries(harness.summaries_path(out))
-  if not args.report_only:
-    # The pre-registered order: tune and run the short budget first, so a partial run has it.
-    def of_budget(cells: Any, epochs: int) -> Any:
-      return lambda: [c for c in cells(scale) if c.epochs == epochs]
+def passes(runs: dict[str, dict], scale: Any) -> list[Callable[[], list[Any]]]:
+  """The pre-registered order: tune and run the short budget first, so a partial run has it."""
 
-    passes = [
-      of_budget(cells, epochs)
-      for epochs in scale.budgets
-      for cells in (tuning_cells, lambda s: final_cells(runs, s))
-    ]
-    training.run_in_passes(
-      passes, lambda cell: run_cell(cell, scale, args.cache_dir), runs, out, args.max_cells
-    )
-  text = report(runs, scale)
-  harness.write_text(out / "tables.md", text)
-  plot(runs, out / "accuracy_vs_time.png", scale)
-  print(text)
-  return text
+  def of_budget(cells: Any, epochs: int) -> Callable[[], list[Any]]:
+    return lambda: [c for c in cells(scale) if c.epochs == epochs]
+
+  return [
+    of_budget(cells, epochs)
+    for epochs in scale.budgets
+    for cells in (tuning_cells, lambda s: final_cells(runs, s))
+  ]
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+  return training.study_main(
+    argv,
+    __doc__.splitlines()[0],
+    DEFAULT_OUT,
+    SCALES,
+    passes,
+    run_cell,
+    report,
+    plot,
+    "accuracy_vs_time.png",
+  )
 
 
 if __name__ == "__main__":

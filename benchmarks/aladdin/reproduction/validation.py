@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,25 +178,22 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
   return True
 
 
+def passes(runs: dict[str, dict], scale: Any) -> list[Callable[[], list[Any]]]:
+  return [lambda: cells(scale)]
+
+
 def main(argv: Sequence[str] | None = None) -> str:
-  args = training.study_arguments(__doc__.splitlines()[0], DEFAULT_OUT).parse_args(argv)
-  scale = SCALES["smoke" if args.smoke else "default"]
-  out = args.out
-  out.mkdir(parents=True, exist_ok=True)
-  runs = harness.load_summaries(harness.summaries_path(out))
-  if not args.report_only:
-    training.run_in_passes(
-      [lambda: cells(scale)],
-      lambda spec: run_cell(spec, scale, args.cache_dir),
-      runs,
-      out,
-      args.max_cells,
-    )
-  text = report(runs, scale)
-  harness.write_text(out / "tables.md", text)
-  plot(runs, out / "validation.png", scale)
-  print(text)
-  return text
+  return training.study_main(
+    argv,
+    __doc__.splitlines()[0],
+    DEFAULT_OUT,
+    SCALES,
+    passes,
+    run_cell,
+    report,
+    plot,
+    "validation.png",
+  )
 
 
 if __name__ == "__main__":
