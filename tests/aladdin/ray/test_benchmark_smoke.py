@@ -29,10 +29,6 @@ def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
   return done
 
 
-# The longest Ray test (a Ray session of its own, a loop process, two runtimes) joins the
-# runtime tests' worker: without it, the other worker ran both this and the two-node test and
-# the Ray pass waited on it (about 470 s against 280 s, loaded).
-@pytest.mark.xdist_group("ray_runtime")
 def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
   out = tmp_path / "efficiency.json"
   done = _smoke("ray_efficiency.main", out)
