@@ -198,6 +198,12 @@ def run_in_passes(
   return trained
 
 
+def not_run_note(cells: Sequence[Any], runs: dict[str, dict]) -> list[str]:
+  """The report's footer naming the cells without a result yet (none when every one ran)."""
+  missing = [c.name for c in cells if c.name not in runs]
+  return [f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n"] if missing else []
+
+
 def study_main(
   argv: Sequence[str] | None,
   description: str,

@@ -344,9 +344,7 @@ def report(runs: dict[str, dict], scale: Scale) -> str:
       "## Paired by seed against AR-SGD (Student-t, n - 1 degrees of freedom)\n",
       _paired_table(runs, scale) + "\n",
     ]
-  missing = [c.name for c in [*tune, *final] if c.name not in runs]
-  if missing:
-    parts.append(f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n")
+  parts += training.not_run_note([*tune, *final], runs)
   return "\n".join(parts)
 
 

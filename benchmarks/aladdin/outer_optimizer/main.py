@@ -498,9 +498,7 @@ def report(runs: dict[str, dict], scale: Scale) -> str:
   if explore:
     parts += ["## Exploratory: period, alpha, other Nesterov servers (validation, HO)\n"]
     parts += [explore + "\n"]
-  missing = [c.name for c in [*tune, *final, *explore_cells(runs, scale)] if c.name not in runs]
-  if missing:
-    parts.append(f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n")
+  parts += training.not_run_note([*tune, *final, *explore_cells(runs, scale)], runs)
   return "\n".join(parts)
 
 

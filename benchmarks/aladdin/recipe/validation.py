@@ -260,9 +260,7 @@ def report(runs: dict[str, dict], scale: Scale) -> str:
       "## Paired by seed (Student-t, n - 1 degrees of freedom)\n",
       harness.markdown_table([*header, "verdict"], rows) + "\n",
     ]
-  missing = [c.name for c in [*tune, *final] if c.name not in runs]
-  if missing:
-    parts.append(f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n")
+  parts += training.not_run_note([*tune, *final], runs)
   return "\n".join(parts)
 
 

@@ -147,9 +147,7 @@ def report(runs: dict[str, dict], scale: Scale) -> str:
     rows.append([rank, *option[:2], f"{option[2]}{mark}", harness.mean_std(accs, ".4f")])
   header = ["rank", "normalise", "server_tx", "alpha", "validation accuracy"]
   parts.append(harness.markdown_table(header, rows) + "\n")
-  missing = [c.name for c in grid if c.name not in runs]
-  if missing:
-    parts.append(f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n")
+  parts += training.not_run_note(grid, runs)
   return "\n".join(parts)
 
 
