@@ -54,10 +54,12 @@ VARIANTS = {
   "lena": "LENA",
 }
 # The workers' squared norms written other ways (``--reformulations``): as contractions, and as
-# one segment sum over all leaves concatenated.
+# one segment sum over all leaves concatenated; and both statistics as the separate reductions
+# ``ol.stacked_grad_stats`` used before it computed them as two-output reductions.
 REFORMULATIONS = {
   "per_worker_dot": "workers' sq. norms as dot_general",
   "per_worker_concat": "workers' sq. norms, one concatenated segment sum",
+  "stats_separate": "both as separate reductions (stacked_grad_stats before 2026-12-05)",
 }
 
 
@@ -93,6 +95,8 @@ def _piece_step(apply: Callable, piece: str) -> tuple[Callable, optax.GradientTr
       triples = [pieces(g) for g in jax.tree.leaves(stacked)]
       mean = jax.tree.unflatten(jax.tree.structure(stacked), [t[0] for t in triples])
       scalars = [[t[2] if piece == "mean_sq" else t[1] for t in triples]]
+      if piece == "stats_separate":
+        scalars = [[t[1] for t in triples], [t[2] for t in triples]]
       if piece == "per_worker_concat":
         scalars = [concatenated_norms(jax.tree.leaves(stacked))]
     extra = {"grad_stats": stats} if piece == "guard" else {}
@@ -154,8 +158,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
   reformulated = [r for r in rows if all(n in r for n in REFORMULATIONS)]
   if reformulated:
-    names = ("per_worker_sq", *REFORMULATIONS)
-    labels = ["workers' sq. norms as reductions", *REFORMULATIONS.values()]
+    columns = {
+      "per_worker_sq": "workers' sq. norms as reductions",
+      "per_worker_dot": REFORMULATIONS["per_worker_dot"],
+      "per_worker_concat": REFORMULATIONS["per_worker_concat"],
+      "stats": "both as two-output reductions (stacked_grad_stats)",
+      "stats_separate": REFORMULATIONS["stats_separate"],
+    }
+    names, labels = list(columns), list(columns.values())
     lines += ["", "| model | " + " | ".join(labels) + " |", "|" + "---|" * len(labels) + "---|"]
     for r in reformulated:
       cells = " | ".join(f"{r[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names)
