@@ -157,10 +157,18 @@ def pin_step(count: int, others: set[int], directory: Path | None = None) -> Cor
   if claim is None:
     return None
   _held.append(claim)
-  caller = threading.get_native_id()
-  set_affinity(thread_ids() - set(others) - {caller}, claim.cores)
-  set_affinity(set(others) | {caller}, claim.others)
+  place_step(claim.cores, claim.others, others)
   return claim
+
+
+def place_step(
+  step_cpus: Iterable[int], other_cpus: Iterable[int], others: Iterable[int] = ()
+) -> None:
+  """Puts this process's threads, except ``others`` and the caller, on ``step_cpus``, and
+  ``others`` and the caller on ``other_cpus`` (:func:`pin_step` without a claim)."""
+  caller = threading.get_native_id()
+  set_affinity(thread_ids() - set(others) - {caller}, step_cpus)
+  set_affinity(set(others) | {caller}, other_cpus)
 
 
 def thread_cpu_seconds() -> dict[int, float]:
