@@ -1,16 +1,9 @@
 """ALADDIN and its baselines on Ray: ``from optax_lena.aladdin import distributed as ad``.
 
 Parameter-server shards and workers run as Ray actors, for ALADDIN and every baseline, so that
-every comparison is on one engine (``docs/ALADDIN-ray.md``). Needs the ``distributed`` extra
-(``pip install 'optax_lena[distributed]'``: Ray and Orbax); the core package never imports Ray.
-
-Example::
-
-  task = ad.Task(loss_fn, params, batches, batch_size=32)
-  spec = al.algorithm("aladdin", worker_tx=al.local_optimizer(0.05))  # the recipe's defaults
-  with ad.Runtime(task, ad.Config(algorithm=spec, num_workers=4)) as rt:
-    result = rt.run(time_budget=30.0, eval_fn=accuracy)
-  print(result.throughput, result.wait_fraction, result.compute_fraction)
+every comparison is on one engine (``docs/ALADDIN-ray.md``, which opens with an example). Needs
+the ``distributed`` extra (``pip install 'optax_lena[distributed]'``: Ray and Orbax); the core
+package never imports Ray.
 """
 
 try:

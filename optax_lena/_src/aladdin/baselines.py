@@ -293,16 +293,12 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
 
   def gossip(state: SGPState) -> SGPState:
     hop = jnp.left_shift(jnp.int32(1), state.step % num_peers)
-    (kept_x, kept_w), (msg_x, msg_w) = send(state.numerators, state.weights)
+    (kept_x, kept_w), message = send(state.numerators, state.weights)
     # Node i sends to i + hop, so node j receives what node j - hop sent: a roll by hop.
-    arrived_x = jax.tree.map(lambda m: jnp.roll(m, hop, axis=0), msg_x)
-    arrived_w = jnp.roll(msg_w, hop, axis=0)
-    if overlap == 0:
-      x, w = mix(kept_x, kept_w, arrived_x, arrived_w)
-      flight_x, flight_w = state.in_flight_numerators, state.in_flight_weights
-    else:
-      x, w = mix(kept_x, kept_w, state.in_flight_numerators, state.in_flight_weights)
-      flight_x, flight_w = arrived_x, arrived_w
+    arrived = jax.tree.map(lambda m: jnp.roll(m, hop, axis=0), message)
+    held = (state.in_flight_numerators, state.in_flight_weights)
+    mixed, (flight_x, flight_w) = (arrived, held) if overlap == 0 else (held, arrived)
+    x, w = mix(kept_x, kept_w, *mixed)
     return SGPState(x, w, flight_x, flight_w, state.step + 1)
 
   return SGP(

@@ -241,12 +241,7 @@ def parameter_server(
       num_updates=state.num_updates + trigger.astype(jnp.int32),
     )
     weight = merge_weight(alpha, count, num_workers, period)
-    reply = Reply(
-      ready=trigger,
-      params=params,
-      alpha=jnp.where(trigger, weight, jnp.zeros([], jnp.float32)),
-    )
-    return new_state, reply
+    return new_state, Reply(trigger, params, jnp.where(trigger, weight, jnp.zeros([], jnp.float32)))
 
   def serve_fn(state: ServerState, grads: PyTree, worker: Any, accept: Any = None):
     verdict = None if accept is None else jnp.asarray(accept, bool).reshape(())

@@ -120,9 +120,6 @@ def connect(
         "cluster is up, and its TLS / token settings (RAY_USE_TLS, RAY_AUTH_MODE)."
       ) from err
     return False
-  kwargs: dict[str, Any] = {}
-  if temp_dir is not None:
-    kwargs["_temp_dir"] = os.path.abspath(temp_dir)
   with _loopback_node(), _keep_sigterm_handler():
     ray.init(
       # "local": always a new node of our own, never one that another program on this machine
@@ -137,7 +134,7 @@ def connect(
       logging_level=logging.WARNING,
       _node_ip_address="127.0.0.1",
       _system_config=LOCAL_SYSTEM_CONFIG,
-      **kwargs,
+      _temp_dir=None if temp_dir is None else os.path.abspath(temp_dir),
     )
   tighten_local_files()
   return True

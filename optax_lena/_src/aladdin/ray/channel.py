@@ -49,12 +49,8 @@ class RingError(ValueError):
 
 
 def _map(path: str, nbytes: int) -> mmap.mmap:
-  """Maps the ring at ``path``: a regular file of this user holding exactly ``nbytes``.
-
-  Raises:
-    FileNotFoundError: no such file on this node.
-    RingError: a symbolic link, not a regular file, another user's file, or the wrong size.
-  """
+  """Maps the ring at ``path``, a regular file of this user holding exactly ``nbytes``: raises
+  ``FileNotFoundError`` if there is none, :class:`RingError` for anything else there."""
   try:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
   except OSError as err:

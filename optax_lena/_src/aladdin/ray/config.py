@@ -19,11 +19,8 @@ class ClusterLostError(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-  """The run was stopped by SIGINT (Ctrl-C) or SIGTERM; everything has been shut down.
-
-  Attributes:
-    signum: the signal received; a program exits with ``exit_code`` (130 or 143).
-  """
+  """The run was stopped by SIGINT (Ctrl-C) or SIGTERM, ``signum``; everything has been shut
+  down. A program exits with ``exit_code`` (130 or 143)."""
 
   def __init__(self, signum: int):
     super().__init__(f"stopped by signal {signum}")

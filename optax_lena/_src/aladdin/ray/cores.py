@@ -22,12 +22,9 @@ from typing import Any
 
 def limit_intra_op_threads(threads: int | None) -> bool:
   """Starts this process's JAX CPU backend with ``threads`` intra-op threads; returns whether it
-  did (False: no limit asked, no affinity control, or the backend already started).
-
-  XLA sizes its pool by the CPUs the process may run on when the backend starts (it has no flag
-  for it): the backend starts while the process is restricted to ``threads`` CPUs, then every
-  thread gets the full set back.
-  """
+  did (not: no limit asked, no affinity control, or the backend already started). XLA sizes its
+  pool by the CPUs the process may run on when the backend starts (it has no flag for it), so
+  it starts while the process is restricted to ``threads`` CPUs; then all get the full set back."""
   if threads is None or not hasattr(os, "sched_setaffinity"):
     return False
   from jax._src import xla_bridge
@@ -152,12 +149,10 @@ _held: list[CoreClaim] = []  # this process's claims, alive as long as the proce
 
 
 def pin_step(count: int, others: set[int], directory: Path | None = None) -> CoreClaim | None:
-  """Pins this process's step to ``count`` cores of its own; call it on the thread that
-  dispatches the step, after the JAX backend has started. XLA's threads (all but ``others``,
-  Ray's, and the caller) run on the claimed cores, ``others`` and the caller on the remaining
-  ones (:func:`follow_the_step` moves the caller if it computes the step itself). Returns the
-  claim, or None (nothing pinned) if no ``count`` free cores were left.
-  """
+  """Pins this process's step to ``count`` cores of its own (call it on the thread that dispatches
+  the step, once JAX's backend has started): XLA's threads on them, ``others`` (Ray's) and the
+  caller on the rest (:func:`follow_the_step` moves the caller if it computes the step itself).
+  Returns the claim, or None (nothing pinned) if no ``count`` free cores were left."""
   claim = claim_cores(count, directory)
   if claim is None:
     return None

@@ -86,8 +86,7 @@ class Runtime:
 
   def _start_actors(self, ray: Any) -> None:
     task, config = self.task, self.config
-    num_actors = config.num_workers + config.ps_shards
-    self.threads = bootstrap.intra_op_threads(config, num_actors)
+    self.threads = bootstrap.intra_op_threads(config, config.num_workers + config.ps_shards)
     self.cores = bootstrap.step_cores(config, self.threads)
     self.iteration.start_peers(self, ray)
     nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
@@ -106,8 +105,7 @@ class Runtime:
     """The PS shards, one per slice of the model (``Iteration.start_peers``)."""
     shard_cls = ray.remote(ServerShard).options(**bootstrap.actor_options(self.config, "server"))
     params = self.layout.to_vector(self.task.init_params)
-    # Where the workers pin their step, a shard's burst of work on a fold must not delay the
-    # next dispatch of a worker whose Python thread shares the unclaimed cores with it.
+    # Lower where the workers pin their step (``docs/ALADDIN-ray.md``, "Cores", says why).
     nice = 10 if self.cores else 0
     self.shards = [
       shard_cls.remote(k, part, self.config, self.threads, nice)

@@ -166,9 +166,8 @@ class Served(Iteration):
     timed(self.merge, state, self.global_flat, self.alphas)
 
   def accept(self, calls: list[list[Any]]) -> None:
-    """Keeps the replies of finished calls for the next step's merge. A shard that replies
-    twice before the next step has its first reply merged at once, so that every reply is
-    applied, in order."""
+    """Keeps the replies of finished calls for the next step's merge; a shard's second reply
+    before that step merges its first at once, so that every reply is applied, in order."""
     bounds = self.local.layout.bounds
     for replies in calls:
       rounds = max((len(r[1]) for r in replies if r is not None), default=0)
@@ -246,8 +245,7 @@ class AladdinIteration(Served):
 
   @staticmethod
   def plan(spec: Any) -> Any:
-    """Calls of up to ``FOLD_PERIODS`` periods of messages, applied by the shards in blocks of
-    up to ``BLOCK_PERIODS`` periods."""
+    """Calls of up to ``FOLD_PERIODS`` periods, applied in blocks of ``BLOCK_PERIODS``."""
     period = int(spec.period)
     return Plan(period=period, max_fold=FOLD_PERIODS * period, block=BLOCK_PERIODS * period)
 
@@ -324,11 +322,10 @@ class ArSgdIteration(Iteration):
       flat = layout.ravel(grads)
       return flat, all_finite(flat), loss
 
-    self.gradient = jax.jit(gradient)
+    self.plain = jax.jit(gradient)
     # The sum arrives as a tree (cut on the host): XLA fusing the cut into the step would
     # change its last bits, and the simulator's step would differ.
     self.apply = jax.jit(program.apply)
-    self.plain = self.gradient
 
   @staticmethod
   def start_peers(driver: Any, ray: Any) -> None:
@@ -341,16 +338,14 @@ class ArSgdIteration(Iteration):
     return driver._get(driver.workers[0].get_params.remote(), timeout)
 
   def warm_up(self, batch: Any) -> None:
-    (flat, _, _), _ = timed(self.gradient, self.local.state, batch)
+    (flat, _, _), _ = timed(self.plain, self.local.state, batch)
     timed(self.apply, self.local.state, self.local.layout.to_tree(np.asarray(flat)))
 
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     local = self.local
-    (flat, _, local.last_loss), compute = timed(self.gradient, local.state, next(local.batches))
+    (flat, _, local.last_loss), compute = timed(self.plain, local.state, next(local.batches))
     sleep = local.sleep_for(compute)
-    t0 = time.perf_counter()
-    total = local.transport.allreduce(local.iteration, local.index, np.asarray(flat))
-    wait = time.perf_counter() - t0
+    total, wait = timed(local.transport.allreduce, local.iteration, local.index, np.asarray(flat))
     local.state = self.apply(local.state, local.layout.to_tree(total))
     return _stats(compute, sleep, wait)
 
@@ -384,7 +379,6 @@ class SgpIteration(Iteration):
   def __init__(self, local: Local, spec: Any):
     super().__init__(local, spec)
     program, layout = local.program, local.layout
-    self.overlap = spec.overlap
     self.gossip = spec.gossip(local.num_workers)
     self.awaiting: Any = None
 
@@ -417,10 +411,8 @@ class SgpIteration(Iteration):
     local = self.local
     if self.awaiting is None:
       return True, 0.0
-    t0 = time.perf_counter()
     timeout = None if deadline is None else max(0.0, deadline - time.time())
-    message = local.transport.receive(self.awaiting, timeout)
-    wait = time.perf_counter() - t0
+    message, wait = timed(local.transport.receive, self.awaiting, timeout)
     if message is None:
       return False, wait
     self.awaiting = None
@@ -440,8 +432,8 @@ class SgpIteration(Iteration):
     sleep = local.sleep_for(compute)
     weight = float(local.state.weight)
     local.transport.post(self.gossip.peer(local.index, k), k, (np.asarray(flat), weight))
-    if k >= self.overlap:
-      self.awaiting = local.transport.request(local.index, k - self.overlap)
+    if k >= self.spec.overlap:
+      self.awaiting = local.transport.request(local.index, k - self.spec.overlap)
       _, more = self._receive(deadline)
       wait += more
     return _stats(compute, sleep, wait)

@@ -1,7 +1,6 @@
 """A worker's messages to the PS shards, sent by a thread of their own, so that the Ray calls
-overlap the next local step (``docs/ALADDIN-ray.md``, "ALADDIN worker iteration"). One call
-carries the same messages' slices to every shard, and Ray runs one caller's calls on a
-synchronous actor in order, so every shard sees a worker's messages in the order it sent them.
+overlap the next local step (``docs/ALADDIN-ray.md``, "ALADDIN worker iteration"); one call
+carries the same messages' slices to every shard, which Ray delivers in the order they were sent.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""SIGINT / SIGTERM in the driver: remembered, so that no Ray internal can swallow them.
-
-A ``KeyboardInterrupt`` can land in code that does not pass it on (a finaliser, a library's
-catch-all), and the run would carry on. Here the handler records the signal before raising, and
-the driver checks that record after every wait (:meth:`StopSignals.check`). Inside
-:meth:`StopSignals.deferred` (``ray.init``, shutdown) the handler only records: a second Ctrl-C
-cannot cut the clean-up short.
-"""
+"""SIGINT / SIGTERM in the driver: recorded before the handler raises, and checked after every
+wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults", says why)."""
 
 from __future__ import annotations
 

@@ -170,8 +170,7 @@ class WorkerActor:
     return self.run(None, max_iterations=1, sync=True)
 
   def flush(self) -> int:
-    """Sends every folded message and merges every reply; returns the messages sent so far per
-    shard."""
+    """Sends every folded message and merges every reply; returns the messages sent so far."""
     self.totals["wait_s"] += self.algorithm.flush()
     return self.outbox.sent[0] if self.outbox is not None else 0
 
@@ -189,8 +188,7 @@ class WorkerActor:
     return jax.tree.map(np.asarray, jax.device_get(self.algorithm.local_params()))
 
   def info(self) -> WorkerInfo:
-    """Identity, running totals, transport and placement
-    (:class:`~optax_lena._src.aladdin.ray.config.WorkerInfo`)."""
+    """Identity, running totals, transport and placement (a :class:`WorkerInfo`)."""
     context = ray.get_runtime_context()
     return WorkerInfo(
       **self._identity(),

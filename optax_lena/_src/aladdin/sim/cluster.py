@@ -87,15 +87,13 @@ class Cluster:
     return self.num_machines + (0 if self.ps_colocated else self.num_shards)
 
   def wire_time(self, nbytes: float, nic: int | None = None) -> float:
-    """Seconds a message of ``nbytes`` occupies one direction of NIC ``nic`` (None: a worker
-    NIC)."""
+    """Seconds ``nbytes`` occupy one direction of NIC ``nic`` (None: a worker's NIC)."""
     if nic is not None and nic >= self.num_machines and self.ps_bandwidth is not None:
       return nbytes / self.ps_bandwidth
     return nbytes / self.bandwidth
 
   def ps_time(self, nbytes: float, *, update: bool) -> float:
-    """Seconds a PS shard spends on one message of ``nbytes`` (twice that with a global
-    update)."""
+    """Seconds a PS shard spends on a message of ``nbytes`` (twice that with a global update)."""
     return nbytes * self.ps_cost_per_byte * (2.0 if update else 1.0)
 
   def allreduce_time(self, nbytes: float) -> float:

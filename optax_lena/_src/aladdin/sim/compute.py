@@ -210,8 +210,7 @@ class Training(Compute):
     return reply
 
   def apply(self, worker: Any, reply: Any) -> None:
-    m = worker.model
-    m.state = self.timer(self.apply_fn, m.state, reply)
+    worker.model.state = self.timer(self.apply_fn, worker.model.state, reply)
 
   def final_params(self) -> PyTree:
     """The evaluated model."""

@@ -75,8 +75,7 @@ class Engine:
   def ps_process(
     self, shard: int, nbytes: float, update: bool, on_done: Callable[..., None], *args: Any
   ) -> None:
-    """PS shard ``shard`` processes one message (FIFO, one at a time) and then calls
-    ``on_done(*args)``."""
+    """PS shard ``shard`` processes one message (FIFO, one at a time), then ``on_done(*args)``."""
     start = max(self.now, self.ps_free[shard])
     self.ps_free[shard] = start + self.cluster.ps_time(nbytes, update=update)
     self.at(self.ps_free[shard], on_done, *args)
@@ -159,8 +158,7 @@ class Process:
     return self.compute.step(worker) if step else None
 
   def begin(self, worker: SimWorker) -> None:
-    """``worker`` starts an iteration now (its idle time since ``idle_since`` counts as
-    waiting)."""
+    """``worker`` starts an iteration now (its idle time since ``idle_since`` counts as wait)."""
     e = self.engine
     worker.wait += e.now - worker.idle_since
     e.at(e.now + self.compute_time(worker), self.computed, worker)
