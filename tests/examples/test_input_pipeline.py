@@ -345,15 +345,17 @@ def test_cnn1d_output_shape() -> None:
 def test_resnet18_tiny_train_and_eval() -> None:
   model = models.create_model("resnet18", num_classes=7, width=4)
   x = jax.random.normal(_key(1), (2, 32, 32, 3))
-  variables = model.init(_key(), x, train=False)
-  logits, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+  # Compiled: eagerly, every layer's primitives would compile one by one for each new shape.
+  variables = jax.jit(lambda k, x: model.init(k, x, train=False))(_key(), x)
+  train_apply = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))
+  logits, updates = train_apply(variables, x)
   assert logits.shape == (2, 7) and logits.dtype == jnp.float32
   # Training mode updates the running statistics.
   changed = jax.tree.map(
     lambda a, b: bool(jnp.any(a != b)), variables["batch_stats"], updates["batch_stats"]
   )
   assert all(jax.tree.leaves(changed))
-  eval_logits = model.apply({**variables, **updates}, x, train=False)
+  eval_logits = jax.jit(lambda v, x: model.apply(v, x, train=False))({**variables, **updates}, x)
   assert eval_logits.shape == (2, 7) and bool(jnp.all(jnp.isfinite(eval_logits)))
 
 

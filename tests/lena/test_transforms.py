@@ -1,5 +1,7 @@
 """Behaviour of the transformations: exact reductions, properties, composition with Optax."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,6 +98,26 @@ def test_jit_and_eager_agree(make):
 # -- (d) properties ---------------------------------------------------------------------------
 
 floats = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
+jitted_stacked_grad_stats = jax.jit(ol.stacked_grad_stats)
+
+
+# The property tests below run many small updates of fixed shapes: compiled once per eps and
+# shape and shared by every example, instead of dispatched primitive by primitive.
+@functools.cache
+def lena_ratio_init(eps):
+  return jax.jit(ol.scale_by_lena(eps=eps).init)
+
+
+@functools.cache
+def lena_ratio_step(eps):
+  tx = ol.scale_by_lena(eps=eps)
+
+  @jax.jit
+  def step(g, state, params):
+    mean, stats = ol.stacked_grad_stats(g)
+    return tx.update(mean, state, params, grad_stats=stats)[1]
+
+  return step
 
 
 @settings(max_examples=60, deadline=None)
@@ -103,17 +125,18 @@ floats = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity
 def test_ratio_is_within_one_and_s(s, seed, signal, noise):
   rng = np.random.RandomState(seed)
   grads = {
-    "a": jnp.asarray(signal + noise * rng.randn(s, 5), jnp.float32),
-    "b": jnp.asarray(noise * rng.randn(s, 2, 2), jnp.float32),
+    "a": (signal + noise * rng.randn(s, 5)).astype(np.float32),
+    "b": (noise * rng.randn(s, 2, 2)).astype(np.float32),
   }
-  params = jax.tree.map(lambda g: g[0], grads)
+  params = jax.tree.map(lambda g: jnp.asarray(g[0]), grads)
+  # Most draws bring a new S: one compiled program per S instead of one per eager primitive.
+  mean, stats = jitted_stacked_grad_stats(grads)
   for tx in (
     ol.scale_by_lena(),
     ol.scale_by_adascale(),
     ol.scale_by_linear_scaling(),
     ol.scale_by_lena(eps=0.0),
   ):
-    mean, stats = ol.stacked_grad_stats(grads)
     _, state = tx.update(mean, tx.init(params), params, grad_stats=stats)
     ratio = np.asarray(state.ratio)
     assert np.all(np.isfinite(ratio))
@@ -132,12 +155,10 @@ def test_ratio_is_invariant_to_gradient_scale(seed, log_c):
   params = jax.tree.map(lambda g: jnp.zeros(g.shape[1:]), base)
 
   def ratios(scale, eps):
-    tx = ol.scale_by_lena(eps=eps)
-    state = tx.init(params)
+    state = lena_ratio_init(eps)(params)
     for t in range(3):
-      g = jax.tree.map(lambda x, t=t: jnp.asarray(scale * x * (1 + 0.1 * t), jnp.float32), base)
-      mean, stats = ol.stacked_grad_stats(g)
-      _, state = tx.update(mean, state, params, grad_stats=stats)
+      g = jax.tree.map(lambda x, t=t: np.asarray(scale * x * (1 + 0.1 * t), np.float32), base)
+      state = lena_ratio_step(eps)(g, state, params)
     return np.asarray(state.ratio)
 
   if c >= 1.0:
@@ -171,7 +192,12 @@ def test_warmup_progress_never_decreases(seed, theta, s, rule):
   params = {"a": jnp.zeros(4), "b": jnp.zeros(3)}
   tx = ol.layerwise_warmup(theta, rule=rule)
   state = tx.init(params)
-  update = jax.jit(tx.update)
+
+  @jax.jit  # with the statistics: one program per draw, not one per eager primitive and S
+  def update(g, state):
+    mean, stats = ol.stacked_grad_stats(g)
+    return tx.update(mean, state, params, grad_stats=stats)
+
   prev_progress, prev_end = np.zeros(2), np.full(2, -1)
   for _ in range(8):
     scale = rng.choice([0.0, 1e-3, 1.0, 50.0])
@@ -179,8 +205,7 @@ def test_warmup_progress_never_decreases(seed, theta, s, rule):
       "a": jnp.asarray(rng.randn(s, 4) * scale + rng.randn(), jnp.float32),
       "b": jnp.asarray(rng.randn(s, 3) * scale, jnp.float32),
     }
-    mean, stats = ol.stacked_grad_stats(g)
-    _, state = update(mean, state, params, grad_stats=stats)
+    _, state = update(g, state)
     progress, factor = np.asarray(state.progress), np.asarray(state.factor)
     assert np.all(progress >= prev_progress + 1.0 - 1e-6)  # r >= 1 every update
     assert np.all((factor > 0) & (factor <= 1))
