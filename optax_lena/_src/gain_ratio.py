@@ -290,31 +290,18 @@ def rate_multiplier(ratio: jax.Array, power: Any) -> jax.Array:
   return jnp.where(power == 1.0, ratio, jnp.power(ratio, power))
 
 
-# From this many leaves on, the per-leaf factors are split into separate scalars (one kernel per
-# leaf shape) rather than sliced at constant offsets (one kernel per leaf). The split adds about
-# 2 + 2 sqrt(leaves) small kernels to every step: on CPU it cost 5-7% of the update-only time
-# of SGD-momentum at ResNet-18 (62 leaves), where it saved no compile time (every ResNet-18
-# leaf has nearly its own shape); at 202 leaves of few shapes it cut compile time by 40%
-# (benchmarks/overhead/RESULTS.md, section (g)).
-UNSTACK_MIN_LEAVES = 128
-
-
 def scale_active_leaves(updates: PyTree, factors: jax.Array, uniform: bool = False) -> PyTree:
   """Multiplies the k-th active leaf of ``updates`` by ``factors[k]`` (in float32, then back).
 
-  From ``UNSTACK_MIN_LEAVES`` leaves on, the factors reach the leaves' kernels as separate
-  scalars (``tree_utils.unstack_scalars``), not as slices of the vector at constant offsets: the
-  kernels are then the same for all leaves of one shape and XLA compiles each once, as for
-  SGD-momentum. The values are the same either way (bitwise). ``uniform=True`` says that all
-  entries are equal (a global rule): every leaf then reads ``factors[0]``.
+  The factors reach the leaves' kernels as separate scalars (``tree_utils.unstack_scalars``),
+  not as slices of the vector at constant offsets: the kernels are then the same for all leaves
+  of one shape, XLA compiles each once, as for SGD-momentum, and none of them recomputes the
+  rule's arithmetic on the whole vector (benchmarks/overhead/RESULTS.md, section (i)). The
+  values are the same either way (bitwise). ``uniform=True`` says that all entries are equal (a
+  global rule): every leaf then reads ``factors[0]``.
   """
   n = factors.shape[0]
-  if uniform and n > 0:
-    scalars = [factors[0]] * n
-  elif n >= UNSTACK_MIN_LEAVES:
-    scalars = tree_utils.unstack_scalars(factors)
-  else:
-    scalars = tree_utils.unpack_scalars(factors)
+  scalars = [factors[0]] * n if uniform and n > 0 else tree_utils.unstack_scalars(factors)
   return tree_utils.map_active_indexed(lambda k, u: (u * scalars[k]).astype(u.dtype), updates)
 
 
