@@ -7,8 +7,9 @@ Run from the repository root::
 At ResNet-18 (62 leaves, width 64) it compares, side by side in one process:
 
 * the per-leaf ratio and warm-up factor read as slices of their vectors at constant offsets
-  (``slice``), split into scalars by two levels of variadic reduces (``split2``) or by one
-  (``split1``, the library's choice up to ``tree_utils.ONE_LEVEL_MAX`` leaves): the update-only
+  (``slice``, the code before 2026-12-05 below 128 leaves), split into scalars by two levels of
+  variadic reduces (``split2``, the library's ``tree_utils.unstack_scalars``) or by one
+  (``split1``): the update-only
   step time (statistics given) and the CPU seconds of the whole training step's compile, both
   over SGD-momentum's;
 * the statistics of S = 8 stacked gradients as separate reductions (``separate``, the code
@@ -58,15 +59,22 @@ SPLITS = ("slice", "split2", "split1")
 @contextlib.contextmanager
 def factors_as(split: str) -> Iterator[None]:
   """Traces inside this context read the per-leaf factors the ``split`` way."""
-  saved = tree_utils.unstack_scalars, tree_utils.ONE_LEVEL_MAX
+  saved = tree_utils.unstack_scalars
   if split == "slice":
-    tree_utils.unstack_scalars = tree_utils.unpack_scalars  # type: ignore[assignment]
-  elif split == "split2":
-    tree_utils.ONE_LEVEL_MAX = 0
+    tree_utils.unstack_scalars = tree_utils.unpack_scalars
+  elif split == "split1":
+    tree_utils.unstack_scalars = one_level_split
   try:
     yield
   finally:
-    tree_utils.unstack_scalars, tree_utils.ONE_LEVEL_MAX = saved
+    tree_utils.unstack_scalars = saved
+
+
+def one_level_split(vector: jax.Array) -> list[jax.Array]:
+  """The split as one variadic reduce over the whole vector (n outputs, n^2 comparisons)."""
+  if vector.shape[0] <= 1:
+    return tree_utils.unpack_scalars(vector)
+  return list(tree_utils._select_each(vector, 0))
 
 
 def separate_stats(stacked: Any) -> tuple[Any, ol.GradStats]:
@@ -94,7 +102,7 @@ def step_ratios(repeats: int) -> dict[str, float]:
   stacked = materialize(shapes, seed=1, lead=(NUM_WORKERS,))
   runners = {}
 
-  def add(name: str, fn: Callable, tx: Any, consts: tuple, split: str = "split1") -> None:
+  def add(name: str, fn: Callable, tx: Any, consts: tuple, split: str = "split2") -> None:
     with factors_as(split):
       runner = update_stepper(fn, tx, materialize(shapes, seed=0), consts)
       runner()  # traced and compiled here, inside the context

@@ -49,28 +49,22 @@ def _select_each(x: jax.Array, axis: int) -> tuple[jax.Array, ...]:
   return tuple(jax.lax.reduce(masked, (neg,) * size, _max_of_pairs, (axis,)))
 
 
-# Up to this many scalars, one variadic reduce over the vector splits it (one kernel, n^2
-# comparisons); beyond, two levels keep the kernel count and the comparisons near n sqrt(n).
-ONE_LEVEL_MAX = 128
-
-
 def unstack_scalars(vector: jax.Array) -> list[jax.Array]:
   """``[vector[k] for k]``, bitwise, with every scalar its own buffer and no per-k kernel.
 
   A per-leaf kernel that reads ``vector[k]`` has the constant k baked in, so XLA compiles a
   distinct kernel for every leaf where SGD-momentum compiles one per leaf shape; and XLA fuses
-  the elementwise arithmetic that computed the vector into each of those kernels, so every leaf
-  recompiles it. Here the scalars are the outputs of variadic reduces (which XLA does not fuse
-  into their consumers): up to ``ONE_LEVEL_MAX`` entries one reduce over the vector; beyond, two
-  levels over the vector laid out as a ``(g, m)`` matrix (``m ~ sqrt(n)``): one reduce gives
-  its m columns, and m identical reduces split each column into g scalars. The kernels that
-  consume the scalars then take them as arguments and are identical across leaves of one shape.
+  the elementwise arithmetic that computed the vector into each of those kernels, so every
+  leaf's kernel compiles that arithmetic again. Here the scalars are the outputs of variadic
+  reduces (which XLA does not fuse into their consumers), in two levels over the vector laid
+  out as a ``(g, m)`` matrix (``m ~ sqrt(n)``): one reduce gives its m columns, and m identical
+  reduces split each column into g scalars. The kernels that consume the scalars then take them
+  as arguments and are identical across leaves of one shape; the split itself is 1 + m small
+  kernels of two kinds, O(n sqrt(n)) comparisons at run time.
   """
   n = vector.shape[0]
   if n <= 1:
     return unpack_scalars(vector)
-  if n <= ONE_LEVEL_MAX:
-    return list(_select_each(vector, 0))
   m = math.isqrt(n - 1) + 1  # ceil(sqrt(n))
   g = -(-n // m)
   matrix = jnp.pad(vector, (0, g * m - n)).reshape(g, m)

@@ -422,7 +422,7 @@ def test_state_can_be_donated_to_a_jitted_step(make):
 # -- per-leaf scalars without per-leaf kernels ------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 5, 17, 130])  # 130: the two-level split
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 17, 130])
 def test_unstack_scalars_is_bitwise_indexing(n):
   from optax_lena._src import tree_utils
 
