@@ -12,7 +12,6 @@ import numpy as np
 import optax
 import pytest
 
-import optax_lena as ol
 from benchmarks import harness
 from benchmarks.overhead import common, data_parallel, report, state_and_compile, trees, update
 
@@ -118,38 +117,3 @@ def test_compile_decomposition_pieces_compute_the_statistics(tmp_path):
   assert "| mlp1 | 6 | 1.00x | 2.00x |" in text
   assert "| mlp1 | 3.00x | 9.00x | 10.00x | 4.00x | 11.00x |" in text
   assert (tmp_path / "compile_decomposition.png").stat().st_size > 1000
-
-
-def test_factor_split_variants_give_bitwise_equal_updates_and_a_report(tmp_path):
-  """The three ways the factor_split benchmark reads LENA's per-leaf factors are the same
-  arithmetic (bitwise equal updates), each traced its own way; the report renders every ratio."""
-  from benchmarks.overhead import factor_split as fs
-  from optax_lena._src import tree_utils
-
-  params = [jnp.full((4,), 0.5), jnp.full((3, 2), -1.0), jnp.full((5,), 2.0)]
-  keys = jax.random.split(jax.random.PRNGKey(0), 3)
-  stacked = [jax.random.normal(k, (4, *p.shape)) for k, p in zip(keys, params, strict=True)]
-  mean, stats = ol.stacked_grad_stats(stacked)
-  tx = ol.lena(0.1, warmup_threshold=5.0)
-  updates, texts = [], []
-  for split in fs.SPLITS:
-    with fs.factors_as(split):
-      step = jax.jit(lambda g, s, p, st: tx.update(g, s, p, grad_stats=st)[0])
-      texts.append(step.lower(mean, tx.init(params), params, stats).as_text())
-      updates.append(step(mean, tx.init(params), params, stats))
-  assert tree_utils.unstack_scalars is not tree_utils.unpack_scalars  # restored
-  assert len(set(texts)) == 3  # three different programs
-  for other in updates[1:]:
-    for a, b in zip(updates[0], other, strict=True):
-      np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
-  ratios = {f"update_{s}": 1.0 + i for i, s in enumerate(fs.SPLITS)}
-  ratios |= {f"compile_{s}": 2.0 + i for i, s in enumerate(fs.SPLITS)}
-  ratios |= {"stacked_separate": 1.5, "stacked_two_output": 0.5}
-  ratios |= {"stacked_sgd_ms": 10.0, "stacked_separate_ms": 15.0, "stacked_two_output_ms": 5.0}
-  machine = {"cpu": "x", "cpu_cores": 2, "jax": "v"}
-  record = {"command": "c", "machine": machine, "ratios": ratios}
-  fs.report(record | {"load_average_before": [0], "load_average_after": [0]}, tmp_path)
-  text = (tmp_path / "factor_split.md").read_text()
-  assert "| 1.000x | 2.000x | 3.000x |" in text and "| 2.00x | 3.00x | 4.00x |" in text
-  assert "| 1.500x | 0.500x |" in text
-  assert (tmp_path / "factor_split.png").stat().st_size > 1000
