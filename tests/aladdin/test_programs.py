@@ -171,7 +171,7 @@ def run_sim(
   workers = [SimWorker(i, np.random.default_rng(i)) for i in range(N)]
   compute.start(workers, batch_size=BATCH, seed=0, timer=Timer(False))
   for w in workers:
-    w.model.batches = Fixed(batches[w.index])
+    w.batches = Fixed(batches[w.index])
   sent: dict[int, list[Any]] = {i: [] for i in range(N)}
   ordered: list[Any] = []
   inbox: dict[tuple[int, int], Any] = {}
@@ -199,7 +199,7 @@ def run_sim(
         compute.apply(w, reply)
   if not ordered:
     ordered = [m for i in range(N) for m in sent[i]]
-  return ordered, [compute.program.params(w.model.state) for w in workers]
+  return ordered, [compute.program.params(w.state) for w in workers]
 
 
 def problem_and_batches() -> tuple[Any, list[list[Any]], Any]:

@@ -92,14 +92,6 @@ class Batches:
     return self.x[idx], self.y[idx]
 
 
-@dataclasses.dataclass(eq=False)
-class SimLocal:
-  """A worker's training state (``SimWorker.model``): its batches and its program's state."""
-
-  batches: Batches
-  state: Any = None
-
-
 class Compute:
   """The timing-only mode: nothing is computed, every message carries None.
 
@@ -181,25 +173,24 @@ class Training(Compute):
     # One generator per worker, derived from (seed, worker): a worker's batches do not depend
     # on the other workers' speeds.
     for w in workers:
-      w.model = SimLocal(Batches(self.problem, batch_size, np.random.default_rng([seed, w.index])))
-      w.model.state = state
+      w.batches = Batches(self.problem, batch_size, np.random.default_rng([seed, w.index]))
+      w.state = state
     self.workers = workers
     if self.server is not None:
       self.server_state = self.server.init(self.problem.params)
 
   def step(self, worker: Any) -> Any:
-    m = worker.model
-    m.state, message, loss = self.timer(self.step_fn, m.state, m.batches.next())
+    worker.state, message, loss = self.timer(self.step_fn, worker.state, worker.batches.next())
     self.losses.append(loss)
     return message
 
   def cluster_step(self, workers: Sequence[Any]) -> tuple[list[Any], PyTree]:
-    batches = [w.model.batches.next() for w in workers]
+    batches = [w.batches.next() for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
-    state, loss, messages, total = self.timer(self.cluster_step_fn, workers[0].model.state, xs, ys)
+    state, loss, messages, total = self.timer(self.cluster_step_fn, workers[0].state, xs, ys)
     for w in workers:
-      w.model.state = state
+      w.state = state
     self.losses.append(loss)
     return [jax.tree.map(lambda m, i=i: m[i], messages) for i in range(len(workers))], total
 
@@ -210,15 +201,15 @@ class Training(Compute):
     return reply
 
   def apply(self, worker: Any, reply: Any) -> None:
-    worker.model.state = self.timer(self.apply_fn, worker.model.state, reply)
+    worker.state = self.timer(self.apply_fn, worker.state, reply)
 
   def final_params(self) -> PyTree:
     """The evaluated model."""
     if self.server is not None:
       return self.server_state.params
     if self.spec.synchronous:
-      return self.program.params(self.workers[0].model.state)
-    return self.mean_params([w.model.state for w in self.workers])
+      return self.program.params(self.workers[0].state)
+    return self.mean_params([w.state for w in self.workers])
 
   def evaluate(self, time: float, samples: int, iterations: float) -> None:
     loss, acc = self.timer(self.eval_fn, self.final_params(), self.x_test, self.y_test)
@@ -226,7 +217,7 @@ class Training(Compute):
     self.losses = []
     local_acc = math.nan
     if self.spec.distinct_locals:
-      mean = self.timer(self.mean_params, [w.model.state for w in self.workers])
+      mean = self.timer(self.mean_params, [w.state for w in self.workers])
       _, acc_locals = self.timer(self.eval_fn, mean, self.x_test, self.y_test)
       local_acc = float(acc_locals)
     self.evals.append(

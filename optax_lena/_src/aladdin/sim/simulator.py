@@ -120,18 +120,16 @@ class Simulator:
     """One run on ``cluster`` (the arguments of :func:`simulate`)."""
     if num_samples is None and not math.isfinite(until_time):
       raise ValueError("Give num_samples or until_time, or the simulation never ends.")
-    if self.problem is None and model_bytes is None:
-      raise ValueError("The timing-only mode (problem=None) needs model_bytes.")
     if self.problem is not None and cluster.num_shards != 1:
       raise ValueError(
         "Training mode runs one PS shard (the server's computation is not split); sharding is "
         "modelled in the timing-only mode. Use num_shards=1."
       )
     if model_bytes is None:
-      assert self.problem is not None
-      model_bytes = float(
-        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.problem.params))
-      )
+      if self.problem is None:
+        raise ValueError("The timing-only mode (problem=None) needs model_bytes.")
+      leaves = jax.tree.leaves(self.problem.params)
+      model_bytes = float(sum(x.size * x.dtype.itemsize for x in leaves))
     compute = self.compute(cluster.num_workers)
     process = self.process(
       self.alg,
