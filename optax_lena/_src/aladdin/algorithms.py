@@ -64,11 +64,6 @@ class Spec:
     if not isinstance(self.label, str):
       raise TypeError(f"label must be a str, got {self.label!r}.")
 
-  @classmethod
-  def option_names(cls) -> tuple[str, ...]:
-    """The options this algorithm accepts (its fields)."""
-    return tuple(f.name for f in dataclasses.fields(cls))
-
   def check_trainable(self) -> None:
     """Raises, naming the missing option, when this spec cannot train (only time)."""
     if self.uses_worker_tx and self.worker_tx is None:
@@ -385,9 +380,8 @@ _PATTERNS: dict[tuple[type, str], Any] = {}
 
 def register(spec: type[Spec]) -> type[Spec]:
   """Registers an algorithm's spec class under its ``name`` (usable as a class decorator)."""
-  if not (isinstance(spec, type) and issubclass(spec, Spec)) or not isinstance(
-    getattr(spec, "name", None), str
-  ):
+  named = isinstance(getattr(spec, "name", None), str)
+  if not (isinstance(spec, type) and issubclass(spec, Spec) and named):
     raise TypeError("register takes a Spec subclass with a class attribute name: ClassVar[str].")
   if spec.name in _REGISTRY and _REGISTRY[spec.name].spec is not spec:
     raise ValueError(f"An algorithm named {spec.name!r} is already registered.")
@@ -445,11 +439,11 @@ def algorithm(name: str, **options: Any) -> Spec:
       raises an error listing those it has.
   """
   spec = entry(name).spec
-  unknown = sorted(set(options) - set(spec.option_names()))
+  fields = tuple(f.name for f in dataclasses.fields(spec))
+  unknown = sorted(set(options) - set(fields))
   if unknown:
     raise TypeError(
-      f"{name} has no option {', '.join(map(repr, unknown))}; its options are "
-      f"{spec.option_names()}."
+      f"{name} has no option {', '.join(map(repr, unknown))}; its options are {fields}."
     )
   return spec(**options)
 
