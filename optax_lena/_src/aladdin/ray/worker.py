@@ -62,10 +62,9 @@ class WorkerActor:
         index,
         self.shards,
         layout,
+        plan,
         max_inflight=config.max_inflight,
-        max_fold=plan.max_fold,
         min_fold=config.fold or plan.period,
-        unit=plan.period,
         ring=ring,
       )
     context = ray.get_runtime_context()
