@@ -56,6 +56,7 @@ class WorkerActor:
     self.layout = layout = FlatLayout(task.init_params, config.ps_shards)
     plan = config.plan
     self.outbox: Outbox | None = None
+    params, self.start_updates = task.init_params, 0
     if self.shards:
       ring = self._open_ring(run, plan.max_fold, plan.reply_slots) if config.shared_memory else None
       self.outbox = Outbox(
@@ -67,15 +68,12 @@ class WorkerActor:
         min_fold=config.fold or plan.period,
         ring=ring,
       )
-    context = ray.get_runtime_context()
-    self.incarnation = int(bool(context.was_current_actor_reconstructed))
-    # A worker (re)starts from the current global model: after a restart by Ray it resumes the
-    # training where the cluster is, not from the initial parameters.
-    params, self.start_updates = task.init_params, 0
-    if self.shards:
+      # A worker (re)starts from the current global model: after a restart by Ray it resumes
+      # the training where the cluster is, not from the initial parameters.
       replies = ray.get([s.params.remote() for s in self.shards])
       params = layout.to_tree(layout.join([p for p, _ in replies]))
       self.start_updates = min(n for _, n in replies)
+    self.incarnation = int(bool(ray.get_runtime_context().was_current_actor_reconstructed))
     program = config.spec.program(task.loss_fn, config.num_workers)
     transport: Any = self.outbox
     if peers and config.spec.synchronous:
