@@ -49,7 +49,6 @@ class Spec:
   """
 
   name: ClassVar[str]
-  uses_worker_tx: ClassVar[bool] = True
   # Whether the workers' own models differ from the evaluated global one (the simulator then
   # also evaluates their average: ``EvalPoint.local_accuracy``).
   distinct_locals: ClassVar[bool] = False
@@ -66,7 +65,7 @@ class Spec:
 
   def check_trainable(self) -> None:
     """Raises, naming the missing option, when this spec cannot train (only time)."""
-    if self.uses_worker_tx and self.worker_tx is None:
+    if self.worker_tx is None:
       raise ValueError(
         f"Training {self.name} needs the workers' optimizer: algorithm({self.name!r}, "
         f"worker_tx=al.local_optimizer(0.1)) (any Optax transformation)."
@@ -214,7 +213,6 @@ class Asp(Symmetric):
   """
 
   name: ClassVar[str] = "asp"
-  uses_worker_tx: ClassVar[bool] = False
 
   server_tx: optax.GradientTransformation | None = None
 
