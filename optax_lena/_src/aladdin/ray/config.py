@@ -262,10 +262,6 @@ class Config:
     """The algorithm's spec (``algorithm`` after validation)."""
     return self.algorithm
 
-  @property
-  def name(self) -> str:
-    return str(self.algorithm.name)
-
 
 @dataclasses.dataclass(frozen=True)
 class ShardStats:

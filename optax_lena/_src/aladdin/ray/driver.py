@@ -60,7 +60,7 @@ class Runtime:
     if not isinstance(task, Task) or not isinstance(config, Config):
       raise TypeError("Runtime(task, config) takes an ad.Task and an ad.Config.")
     self.task, self.config, self.stall_timeout = task, config, stall_timeout
-    self.iteration = algorithms.entry(config.name).engine("ray")
+    self.iteration = algorithms.entry(config.spec.name).engine("ray")
     self.layout = FlatLayout(task.init_params, config.ps_shards)  # errors before Ray starts
     self.workers: list[Any] = []
     self.shards: list[Any] = []
@@ -269,7 +269,7 @@ class Runtime:
     its = [int(t.get("iterations", 0)) for t in totals]
     samples = sum(its) * self.task.batch_size
     return RunResult(
-      algorithm=config.name,
+      algorithm=config.spec.name,
       wall_s=wall,
       samples=samples,
       throughput=samples / wall,

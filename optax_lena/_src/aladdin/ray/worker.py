@@ -94,7 +94,7 @@ class WorkerActor:
       slowdown=float(config.slowdown.get(index, 1.0)),
     )
     self.totals: dict[str, Any] = dict.fromkeys(TOTALS, 0)
-    self.algorithm = algorithms.entry(config.name).engine("ray")(self.local, config.spec)
+    self.algorithm = algorithms.entry(config.spec.name).engine("ray")(self.local, config.spec)
     self.algorithm.warm_up(first)
     if claim is not None:
       placement.follow_the_step(claim, lambda: self.algorithm.warm_up(first))
