@@ -180,7 +180,7 @@ def run_sim(
   for k in range(ROUNDS):
     if spec.synchronous:
       messages, summed = compute.cluster_step(workers)
-      ordered += messages
+      ordered += [jax.tree.map(lambda m, i=i: m[i], messages) for i in range(N)]
       totals.append(FlatLayout(problem.params, 1).to_vector(summed))
       continue
     for w in workers:

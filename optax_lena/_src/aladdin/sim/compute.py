@@ -96,9 +96,9 @@ class Compute:
   """The timing-only mode: nothing is computed, every message carries None.
 
   The hooks a process calls: ``step`` (a worker's local iteration, returns its message),
-  ``cluster_step`` (one synchronous step of all workers), ``receive`` (the server processes a
-  message, returns its reply), ``apply`` (a worker applies a reply or a peer's message),
-  ``evaluate``."""
+  ``cluster_step`` (one synchronous step of all workers, returns their messages stacked and
+  their sum), ``receive`` (the server processes a message, returns its reply), ``apply`` (a
+  worker applies a reply or a peer's message), ``evaluate``."""
 
   evals: list[EvalPoint]
 
@@ -184,7 +184,7 @@ class Training(Compute):
     self.losses.append(loss)
     return message
 
-  def cluster_step(self, workers: Sequence[Any]) -> tuple[list[Any], PyTree]:
+  def cluster_step(self, workers: Sequence[Any]) -> tuple[PyTree, PyTree]:
     batches = [w.batches.next() for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
@@ -192,7 +192,7 @@ class Training(Compute):
     for w in workers:
       w.state = state
     self.losses.append(loss)
-    return [jax.tree.map(lambda m, i=i: m[i], messages) for i in range(len(workers))], total
+    return messages, total
 
   def receive(self, worker: Any, message: Any) -> Any:
     self.server_state, reply = self.timer(
