@@ -130,7 +130,7 @@ class Mailbox:
 def run_ray(
   spec: Any, problem: Any, batches: list[list[Any]], totals: list[np.ndarray]
 ) -> tuple[list[Any], list[Any]]:
-  """The Ray iterations of the n workers, deterministic round-robin (``step_sync``)."""
+  """The Ray iterations of the n workers, deterministic round-robin (``run(sync=True)``)."""
   layout = FlatLayout(problem.params, 1)
   shared: dict[str, Any] = {}
   transport: Any = Reducers(totals) if spec.synchronous else Mailbox()

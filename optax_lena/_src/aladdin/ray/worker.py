@@ -162,14 +162,9 @@ class WorkerActor:
       self._fold_for(stats["compute_s"] / stats["iterations"])
     return {**stats, **self._identity()}
 
-  def step_sync(self) -> dict[str, Any]:
-    """One iteration that waits for every reply (the deterministic schedule)."""
-    return self.run(None, max_iterations=1, sync=True)
-
-  def flush(self) -> int:
-    """Sends every folded message and merges every reply; returns the messages sent so far."""
+  def flush(self) -> None:
+    """Sends every folded message and merges every reply (the wait counts in the totals)."""
     self.totals["wait_s"] += self.algorithm.flush()
-    return self.outbox.sent[0] if self.outbox is not None else 0
 
   def _identity(self) -> dict[str, Any]:
     return {
