@@ -97,13 +97,6 @@ class Simulator:
       alg.check_trainable()
     self._computes: dict[int, Compute] = {}
 
-  def compute(self, num_workers: int) -> Compute:
-    """The compute object for ``num_workers`` workers (built, and compiled, once)."""
-    if num_workers not in self._computes:
-      compute = Compute() if self.problem is None else Training(self.alg, self.problem, num_workers)
-      self._computes[num_workers] = compute
-    return self._computes[num_workers]
-
   def run(
     self,
     cluster: Cluster,
@@ -130,7 +123,10 @@ class Simulator:
         raise ValueError("The timing-only mode (problem=None) needs model_bytes.")
       leaves = jax.tree.leaves(self.problem.params)
       model_bytes = float(sum(x.size * x.dtype.itemsize for x in leaves))
-    compute = self.compute(cluster.num_workers)
+    n = cluster.num_workers
+    if n not in self._computes:
+      self._computes[n] = Compute() if self.problem is None else Training(self.alg, self.problem, n)
+    compute = self._computes[n]
     process = self.process(
       self.alg,
       cluster,
