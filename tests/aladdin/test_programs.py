@@ -26,7 +26,7 @@ from optax_lena._src.aladdin.ray import iterations as ray_iterations
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.rendezvous import total
 from optax_lena._src.aladdin.ray.shard import folded_receive
-from optax_lena._src.aladdin.sim.compute import Timer, Training
+from optax_lena._src.aladdin.sim.compute import Training
 from optax_lena._src.aladdin.sim.engine import SimWorker
 from tests.aladdin import simulator_cases as cases
 
@@ -169,7 +169,7 @@ def run_sim(
   """The simulator's training compute, driven in the same order as the processes drive it."""
   compute = Training(spec, problem, N)
   workers = [SimWorker(i, np.random.default_rng(i)) for i in range(N)]
-  compute.start(workers, batch_size=BATCH, seed=0, timer=Timer(False))
+  compute.start(workers, batch_size=BATCH, seed=0, profile=False)
   for w in workers:
     w.batches = Fixed(batches[w.index])
   sent: dict[int, list[Any]] = {i: [] for i in range(N)}

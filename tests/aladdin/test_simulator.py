@@ -275,6 +275,16 @@ def dataclass_tuple(point):
   return (point.time, point.samples, point.train_loss, point.test_loss, point.test_accuracy)
 
 
+def test_profiling_times_the_jax_calls_and_changes_nothing_else(problem):
+  plain = _train(problem, "aladdin", seed=3, record_events=True)
+  profiled = _train(problem, "aladdin", seed=3, record_events=True, profile=True)
+  assert plain.jax_time == 0.0 < profiled.jax_time <= profiled.wall_time
+  assert profiled.events == plain.events
+  assert [dataclass_tuple(p) for p in profiled.evals] == [dataclass_tuple(p) for p in plain.evals]
+  for x, y in zip(jax.tree.leaves(plain.params), jax.tree.leaves(profiled.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_training_follows_the_event_order(problem):
   # With alpha = 0 (no merges) every worker is plain local SGD on its own batch stream, so the
   # global model must equal a replay of the server on those messages in the simulated order in

@@ -57,22 +57,6 @@ class EvalPoint:
   local_accuracy: float = math.nan
 
 
-class Timer:
-  """Host time inside JAX calls (blocking on results only when profiling)."""
-
-  def __init__(self, profile: bool):
-    self.profile = profile
-    self.total = 0.0
-
-  def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-    if not self.profile:
-      return fn(*args)
-    start = _time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    self.total += _time.perf_counter() - start
-    return out
-
-
 class Batches:
   """One worker's stream of mini-batches: consecutive slices of per-epoch permutations."""
 
@@ -101,9 +85,10 @@ class Compute:
   worker applies a reply or a peer's message), ``evaluate``."""
 
   evals: list[EvalPoint]
+  jax_time = 0.0  # host seconds inside the JAX calls (when profiling)
 
-  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, timer: Timer) -> None:
-    del workers, batch_size, seed, timer
+  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, profile: bool) -> None:
+    del workers, batch_size, seed, profile
     self.evals = []
 
   def step(self, worker: Any) -> Any:
@@ -123,10 +108,6 @@ class Compute:
 
   def final_params(self) -> PyTree:
     return None
-
-  @property
-  def jax_time(self) -> float:
-    return 0.0
 
 
 def _mean_models(models: list[PyTree]) -> PyTree:
@@ -165,10 +146,10 @@ class Training(Compute):
 
     self.cluster_step_fn = jax.jit(cluster_step)
 
-  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, timer: Timer) -> None:
+  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, profile: bool) -> None:
     self.evals = []
     self.losses: list[Any] = []
-    self.timer = timer
+    self.profile, self.jax_time = profile, 0.0
     state = self.program.init(self.problem.params)
     # One generator per worker, derived from (seed, worker): a worker's batches do not depend
     # on the other workers' speeds.
@@ -179,8 +160,17 @@ class Training(Compute):
     if self.server is not None:
       self.server_state = self.server.init(self.problem.params)
 
+  def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; when profiling, waited for and its host seconds added to ``jax_time``."""
+    if not self.profile:
+      return fn(*args)
+    start = _time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    self.jax_time += _time.perf_counter() - start
+    return out
+
   def step(self, worker: Any) -> Any:
-    worker.state, message, loss = self.timer(self.step_fn, worker.state, worker.batches.next())
+    worker.state, message, loss = self._run(self.step_fn, worker.state, worker.batches.next())
     self.losses.append(loss)
     return message
 
@@ -188,20 +178,20 @@ class Training(Compute):
     batches = [w.batches.next() for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
-    state, loss, messages, total = self.timer(self.cluster_step_fn, workers[0].state, xs, ys)
+    state, loss, messages, total = self._run(self.cluster_step_fn, workers[0].state, xs, ys)
     for w in workers:
       w.state = state
     self.losses.append(loss)
     return messages, total
 
   def receive(self, worker: Any, message: Any) -> Any:
-    self.server_state, reply = self.timer(
+    self.server_state, reply = self._run(
       self.receive_fn, self.server_state, message, self.worker_ids[worker.index]
     )
     return reply
 
   def apply(self, worker: Any, reply: Any) -> None:
-    worker.state = self.timer(self.apply_fn, worker.state, reply)
+    worker.state = self._run(self.apply_fn, worker.state, reply)
 
   def final_params(self) -> PyTree:
     """The evaluated model."""
@@ -212,18 +202,14 @@ class Training(Compute):
     return self.mean_params([w.state for w in self.workers])
 
   def evaluate(self, time: float, samples: int, iterations: float) -> None:
-    loss, acc = self.timer(self.eval_fn, self.final_params(), self.x_test, self.y_test)
+    loss, acc = self._run(self.eval_fn, self.final_params(), self.x_test, self.y_test)
     train_loss = float(jnp.mean(jnp.stack(self.losses))) if self.losses else math.nan
     self.losses = []
     local_acc = math.nan
     if self.spec.distinct_locals:
-      mean = self.timer(self.mean_params, [w.state for w in self.workers])
-      _, acc_locals = self.timer(self.eval_fn, mean, self.x_test, self.y_test)
+      mean = self._run(self.mean_params, [w.state for w in self.workers])
+      _, acc_locals = self._run(self.eval_fn, mean, self.x_test, self.y_test)
       local_acc = float(acc_locals)
     self.evals.append(
       EvalPoint(time, samples, iterations, train_loss, float(loss), float(acc), local_acc)
     )
-
-  @property
-  def jax_time(self) -> float:
-    return self.timer.total

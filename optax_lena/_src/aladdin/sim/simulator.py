@@ -17,7 +17,7 @@ from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.algorithms import Spec, algorithm  # noqa: F401 (for tests)
 from optax_lena._src.aladdin.sim import processes as _processes  # noqa: F401 (registers them)
 from optax_lena._src.aladdin.sim.cluster import Cluster
-from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Timer, Training
+from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Training
 
 PyTree = Any
 
@@ -138,7 +138,7 @@ class Simulator:
       seed=seed,
       record_events=record_events,
     )
-    compute.start(process.workers, batch_size=batch_size, seed=seed, timer=Timer(profile))
+    compute.start(process.workers, batch_size=batch_size, seed=seed, profile=profile)
     start = _time.perf_counter()
     process.evaluate()  # the initial model, at time 0
     process.start()
