@@ -51,20 +51,6 @@ def assert_same_tree(a: Any, b: Any) -> None:
     assert np.asarray(x).dtype == np.asarray(y).dtype and bits(x) == bits(y)
 
 
-class Fixed:
-  """A worker's batches, the same list for both engines."""
-
-  def __init__(self, batches: list[Any]):
-    self.batches, self.pos = batches, 0
-
-  def next(self) -> Any:
-    self.pos += 1
-    return self.batches[self.pos - 1]
-
-  def __next__(self) -> Any:
-    return self.next()
-
-
 class Outbox:
   """The PS shard's own receive (``folded_receive``) on the flat model, called in-process."""
 
@@ -139,7 +125,7 @@ def run_ray(
     program = spec.program(problem.loss_fn, N)
     link = Outbox(spec, layout, problem.params, i, shared) if spec.server(N) else transport
     local = ray_iterations.Local(
-      i, program, layout, program.init(problem.params), Fixed(batches[i]), link, N
+      i, program, layout, program.init(problem.params), iter(batches[i]), link, N
     )
     iterations.append(algorithms.entry(spec.name).engine("ray")(local, spec))
 
@@ -171,7 +157,7 @@ def run_sim(
   workers = [SimWorker(i, np.random.default_rng(i)) for i in range(N)]
   compute.start(workers, batch_size=BATCH, seed=0, profile=False)
   for w in workers:
-    w.batches = Fixed(batches[w.index])
+    w.batches = iter(batches[w.index])  # the same list for both engines
   sent: dict[int, list[Any]] = {i: [] for i in range(N)}
   ordered: list[Any] = []
   inbox: dict[tuple[int, int], Any] = {}

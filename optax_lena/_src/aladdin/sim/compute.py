@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time as _time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -57,23 +57,16 @@ class EvalPoint:
   local_accuracy: float = math.nan
 
 
-class Batches:
-  """One worker's stream of mini-batches: consecutive slices of per-epoch permutations."""
-
-  def __init__(self, problem: Problem, batch_size: int, rng: np.random.Generator):
-    self.x, self.y = problem.x_train, problem.y_train
-    self.batch_size = batch_size
-    self.rng = rng
-    self.order = rng.permutation(len(self.x))
-    self.pos = 0
-
-  def next(self) -> tuple[np.ndarray, np.ndarray]:
-    if self.pos + self.batch_size > len(self.order):
-      self.order = self.rng.permutation(len(self.x))
-      self.pos = 0
-    idx = self.order[self.pos : self.pos + self.batch_size]
-    self.pos += self.batch_size
-    return self.x[idx], self.y[idx]
+def batch_stream(
+  problem: Problem, batch_size: int, rng: np.random.Generator
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """One worker's endless mini-batches: consecutive slices of per-epoch permutations."""
+  x, y = problem.x_train, problem.y_train
+  while True:
+    order = rng.permutation(len(x))
+    for pos in range(0, max(len(order) - batch_size, 0) + 1, batch_size):
+      idx = order[pos : pos + batch_size]
+      yield x[idx], y[idx]
 
 
 class Compute:
@@ -154,7 +147,7 @@ class Training(Compute):
     # One generator per worker, derived from (seed, worker): a worker's batches do not depend
     # on the other workers' speeds.
     for w in workers:
-      w.batches = Batches(self.problem, batch_size, np.random.default_rng([seed, w.index]))
+      w.batches = batch_stream(self.problem, batch_size, np.random.default_rng([seed, w.index]))
       w.state = state
     self.workers = workers
     if self.server is not None:
@@ -170,12 +163,12 @@ class Training(Compute):
     return out
 
   def step(self, worker: Any) -> Any:
-    worker.state, message, loss = self._run(self.step_fn, worker.state, worker.batches.next())
+    worker.state, message, loss = self._run(self.step_fn, worker.state, next(worker.batches))
     self.losses.append(loss)
     return message
 
   def cluster_step(self, workers: Sequence[Any]) -> tuple[PyTree, PyTree]:
-    batches = [w.batches.next() for w in workers]
+    batches = [next(w.batches) for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
     state, loss, messages, total = self._run(self.cluster_step_fn, workers[0].state, xs, ys)
