@@ -114,7 +114,7 @@ class Training(Compute):
   algorithm (AR-SGD), or else the average of the workers' (SGP)."""
 
   def __init__(self, spec: Any, problem: Problem, num_workers: int):
-    self.spec, self.problem, self.n = spec, problem, num_workers
+    self.spec, self.problem = spec, problem
     # Device scalars of the worker indices, made once (a jnp.int32(i) per message would cost
     # more host time than the simulator's own bookkeeping).
     self.worker_ids = [jnp.asarray(i, jnp.int32) for i in range(num_workers)]
