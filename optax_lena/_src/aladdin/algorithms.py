@@ -347,12 +347,6 @@ class Entry:
   spec: type[Spec]
   engines: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-  def attach(self, engine: str, piece: Any) -> None:
-    """Attaches an engine's implementation (e.g. ``"simulator"``: its process class)."""
-    if engine in self.engines and self.engines[engine] is not piece:
-      raise ValueError(f"{self.spec.name!r} already has a {engine} implementation.")
-    self.engines[engine] = piece
-
   def find(self, engine: str) -> Any:
     """The piece ``engine`` attached to this algorithm or to the nearest base class of its spec
     (None if there is none)."""
@@ -399,10 +393,10 @@ def attacher(engine: str) -> Callable[..., Callable[[Any], Any]]:
   def attach(*targets: str | type[Spec]) -> Callable[[Any], Any]:
     def decorate(piece: Any) -> Any:
       for target in targets:
-        if isinstance(target, str):
-          entry(target).attach(engine, piece)
-        else:
+        if not isinstance(target, str):
           _PATTERNS[target, engine] = piece
+        elif entry(target).engines.setdefault(engine, piece) is not piece:
+          raise ValueError(f"{target!r} already has a {engine} implementation.")
       return piece
 
     return decorate
