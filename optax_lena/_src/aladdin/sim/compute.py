@@ -62,11 +62,13 @@ def batch_stream(
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """One worker's endless mini-batches: consecutive slices of per-epoch permutations."""
   x, y = problem.x_train, problem.y_train
+  order, pos = rng.permutation(len(x)), 0
   while True:
-    order = rng.permutation(len(x))
-    for pos in range(0, max(len(order) - batch_size, 0) + 1, batch_size):
-      idx = order[pos : pos + batch_size]
-      yield x[idx], y[idx]
+    if pos + batch_size > len(order):
+      order, pos = rng.permutation(len(x)), 0
+    idx = order[pos : pos + batch_size]
+    pos += batch_size
+    yield x[idx], y[idx]
 
 
 class Compute:
