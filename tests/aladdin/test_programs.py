@@ -26,7 +26,7 @@ from optax_lena._src.aladdin.ray import iterations as ray_iterations
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.rendezvous import total
 from optax_lena._src.aladdin.ray.shard import folded_receive
-from optax_lena._src.aladdin.sim.compute import Timer, Training
+from optax_lena._src.aladdin.sim.compute import Training
 from optax_lena._src.aladdin.sim.engine import SimWorker
 from tests.aladdin import simulator_cases as cases
 
@@ -49,20 +49,6 @@ def bits(x: Any) -> bytes:
 def assert_same_tree(a: Any, b: Any) -> None:
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     assert np.asarray(x).dtype == np.asarray(y).dtype and bits(x) == bits(y)
-
-
-class Fixed:
-  """A worker's batches, the same list for both engines."""
-
-  def __init__(self, batches: list[Any]):
-    self.batches, self.pos = batches, 0
-
-  def next(self) -> Any:
-    self.pos += 1
-    return self.batches[self.pos - 1]
-
-  def __next__(self) -> Any:
-    return self.next()
 
 
 class Outbox:
@@ -130,7 +116,7 @@ class Mailbox:
 def run_ray(
   spec: Any, problem: Any, batches: list[list[Any]], totals: list[np.ndarray]
 ) -> tuple[list[Any], list[Any]]:
-  """The Ray iterations of the n workers, deterministic round-robin (``step_sync``)."""
+  """The Ray iterations of the n workers, deterministic round-robin (``run(sync=True)``)."""
   layout = FlatLayout(problem.params, 1)
   shared: dict[str, Any] = {}
   transport: Any = Reducers(totals) if spec.synchronous else Mailbox()
@@ -139,7 +125,7 @@ def run_ray(
     program = spec.program(problem.loss_fn, N)
     link = Outbox(spec, layout, problem.params, i, shared) if spec.server(N) else transport
     local = ray_iterations.Local(
-      i, program, layout, program.init(problem.params), Fixed(batches[i]), link, N
+      i, program, layout, program.init(problem.params), iter(batches[i]), link, N
     )
     iterations.append(algorithms.entry(spec.name).engine("ray")(local, spec))
 
@@ -169,9 +155,9 @@ def run_sim(
   """The simulator's training compute, driven in the same order as the processes drive it."""
   compute = Training(spec, problem, N)
   workers = [SimWorker(i, np.random.default_rng(i)) for i in range(N)]
-  compute.start(workers, batch_size=BATCH, seed=0, timer=Timer(False))
+  compute.start(workers, batch_size=BATCH, seed=0, profile=False)
   for w in workers:
-    w.model.batches = Fixed(batches[w.index])
+    w.batches = iter(batches[w.index])  # the same list for both engines
   sent: dict[int, list[Any]] = {i: [] for i in range(N)}
   ordered: list[Any] = []
   inbox: dict[tuple[int, int], Any] = {}
@@ -180,7 +166,7 @@ def run_sim(
   for k in range(ROUNDS):
     if spec.synchronous:
       messages, summed = compute.cluster_step(workers)
-      ordered += messages
+      ordered += [jax.tree.map(lambda m, i=i: m[i], messages) for i in range(N)]
       totals.append(FlatLayout(problem.params, 1).to_vector(summed))
       continue
     for w in workers:
@@ -199,7 +185,7 @@ def run_sim(
         compute.apply(w, reply)
   if not ordered:
     ordered = [m for i in range(N) for m in sent[i]]
-  return ordered, [compute.program.params(w.model.state) for w in workers]
+  return ordered, [compute.program.params(w.state) for w in workers]
 
 
 def problem_and_batches() -> tuple[Any, list[list[Any]], Any]:

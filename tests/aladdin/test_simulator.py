@@ -275,6 +275,16 @@ def dataclass_tuple(point):
   return (point.time, point.samples, point.train_loss, point.test_loss, point.test_accuracy)
 
 
+def test_profiling_times_the_jax_calls_and_changes_nothing_else(problem):
+  plain = _train(problem, "aladdin", seed=3, record_events=True)
+  profiled = _train(problem, "aladdin", seed=3, record_events=True, profile=True)
+  assert plain.jax_time == 0.0 < profiled.jax_time <= profiled.wall_time
+  assert profiled.events == plain.events
+  assert [dataclass_tuple(p) for p in profiled.evals] == [dataclass_tuple(p) for p in plain.evals]
+  for x, y in zip(jax.tree.leaves(plain.params), jax.tree.leaves(profiled.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_training_follows_the_event_order(problem):
   # With alpha = 0 (no merges) every worker is plain local SGD on its own batch stream, so the
   # global model must equal a replay of the server on those messages in the simulated order in
@@ -299,11 +309,11 @@ def test_training_follows_the_event_order(problem):
   step = jax.jit(al.local_step(_loss, options["worker_tx"], message="update"))
   server = al.parameter_server(4, optax.sgd(1.0), alpha=0.0)
   receive = jax.jit(server.receive)
-  streams = [sim_compute.Batches(problem, 16, np.random.default_rng([5, i])) for i in range(4)]
+  streams = [sim_compute.batch_stream(problem, 16, np.random.default_rng([5, i])) for i in range(4)]
   local = [(problem.params, options["worker_tx"].init(problem.params)) for _ in range(4)]
   state = server.init(problem.params)
   for w in order:
-    params, opt_state, grads, _ = step(*local[w], streams[w].next())
+    params, opt_state, grads, _ = step(*local[w], next(streams[w]))
     local[w] = (params, opt_state)
     state, _ = receive(state, grads, jnp.int32(w))
   for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(r.params), strict=True):

@@ -49,7 +49,6 @@ class Spec:
   """
 
   name: ClassVar[str]
-  uses_worker_tx: ClassVar[bool] = True
   # Whether the workers' own models differ from the evaluated global one (the simulator then
   # also evaluates their average: ``EvalPoint.local_accuracy``).
   distinct_locals: ClassVar[bool] = False
@@ -64,14 +63,9 @@ class Spec:
     if not isinstance(self.label, str):
       raise TypeError(f"label must be a str, got {self.label!r}.")
 
-  @classmethod
-  def option_names(cls) -> tuple[str, ...]:
-    """The options this algorithm accepts (its fields)."""
-    return tuple(f.name for f in dataclasses.fields(cls))
-
   def check_trainable(self) -> None:
     """Raises, naming the missing option, when this spec cannot train (only time)."""
-    if self.uses_worker_tx and self.worker_tx is None:
+    if self.worker_tx is None:
       raise ValueError(
         f"Training {self.name} needs the workers' optimizer: algorithm({self.name!r}, "
         f"worker_tx=al.local_optimizer(0.1)) (any Optax transformation)."
@@ -219,7 +213,6 @@ class Asp(Symmetric):
   """
 
   name: ClassVar[str] = "asp"
-  uses_worker_tx: ClassVar[bool] = False
 
   server_tx: optax.GradientTransformation | None = None
 
@@ -354,12 +347,6 @@ class Entry:
   spec: type[Spec]
   engines: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-  def attach(self, engine: str, piece: Any) -> None:
-    """Attaches an engine's implementation (e.g. ``"simulator"``: its process class)."""
-    if engine in self.engines and self.engines[engine] is not piece:
-      raise ValueError(f"{self.spec.name!r} already has a {engine} implementation.")
-    self.engines[engine] = piece
-
   def find(self, engine: str) -> Any:
     """The piece ``engine`` attached to this algorithm or to the nearest base class of its spec
     (None if there is none)."""
@@ -385,9 +372,8 @@ _PATTERNS: dict[tuple[type, str], Any] = {}
 
 def register(spec: type[Spec]) -> type[Spec]:
   """Registers an algorithm's spec class under its ``name`` (usable as a class decorator)."""
-  if not (isinstance(spec, type) and issubclass(spec, Spec)) or not isinstance(
-    getattr(spec, "name", None), str
-  ):
+  named = isinstance(getattr(spec, "name", None), str)
+  if not (isinstance(spec, type) and issubclass(spec, Spec) and named):
     raise TypeError("register takes a Spec subclass with a class attribute name: ClassVar[str].")
   if spec.name in _REGISTRY and _REGISTRY[spec.name].spec is not spec:
     raise ValueError(f"An algorithm named {spec.name!r} is already registered.")
@@ -407,10 +393,10 @@ def attacher(engine: str) -> Callable[..., Callable[[Any], Any]]:
   def attach(*targets: str | type[Spec]) -> Callable[[Any], Any]:
     def decorate(piece: Any) -> Any:
       for target in targets:
-        if isinstance(target, str):
-          entry(target).attach(engine, piece)
-        else:
+        if not isinstance(target, str):
           _PATTERNS[target, engine] = piece
+        elif entry(target).engines.setdefault(engine, piece) is not piece:
+          raise ValueError(f"{target!r} already has a {engine} implementation.")
       return piece
 
     return decorate
@@ -445,11 +431,11 @@ def algorithm(name: str, **options: Any) -> Spec:
       raises an error listing those it has.
   """
   spec = entry(name).spec
-  unknown = sorted(set(options) - set(spec.option_names()))
+  fields = tuple(f.name for f in dataclasses.fields(spec))
+  unknown = sorted(set(options) - set(fields))
   if unknown:
     raise TypeError(
-      f"{name} has no option {', '.join(map(repr, unknown))}; its options are "
-      f"{spec.option_names()}."
+      f"{name} has no option {', '.join(map(repr, unknown))}; its options are {fields}."
     )
   return spec(**options)
 

@@ -65,21 +65,19 @@ def check_alpha(alpha: Any) -> str | float:
   return value
 
 
-def check_tx(tx: Any, field: str, example: str, optional: bool = False) -> Any:
+def check_tx(tx: Any, field: str, example: str, optional: bool = False) -> None:
   """``tx`` is an Optax transformation (or, ``optional``, None)."""
   if not (isinstance(tx, optax.GradientTransformation) or (optional and tx is None)):
     raise TypeError(
       f"{field} must be an Optax GradientTransformation (e.g. {example})"
       f"{' or None' if optional else ''}, got {type(tx).__name__}."
     )
-  return tx
 
 
-def check_positive_int(value: Any, field: str, meaning: str) -> int:
+def check_positive_int(value: Any, field: str, meaning: str) -> None:
   """``value`` is an int >= 1 (a ValueError naming ``meaning`` otherwise)."""
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
     raise ValueError(f"{field} must be an int >= 1 ({meaning}), got {value!r}.")
-  return value
 
 
 def check_beta(beta: Any, optional: bool = False) -> None:

@@ -164,10 +164,6 @@ def merge_reply(state: LocalState, reply: Any) -> LocalState:
   return state._replace(params=worker_merge(state.params, reply.params, reply.alpha))
 
 
-def local_params(state: LocalState) -> PyTree:
-  return state.params
-
-
 def stepping_program(
   step: Callable[..., tuple[PyTree, Any, PyTree, Any]],
   tx: optax.GradientTransformation | None,
@@ -183,4 +179,4 @@ def stepping_program(
     params, opt_state, message, loss = step(state.params, state.opt_state, batch)
     return LocalState(params, opt_state), message, loss
 
-  return WorkerProgram(init, step_fn, apply, local_params)
+  return WorkerProgram(init, step_fn, apply, lambda state: state.params)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from optax_lena._src.aladdin.ray import channel
+from optax_lena._src.aladdin.ray.config import Plan
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.outbox import Outbox
 
@@ -164,7 +165,8 @@ class _Shard:
 def _replies(ring: channel.Ring | None, layout: FlatLayout, messages: np.ndarray) -> list[Any]:
   fold, period = 8, 2
   shards = [_Shard(a, b, period, fold) for a, b in itertools.pairwise(layout.bounds)]
-  outbox = Outbox(0, shards, layout, max_inflight=2, max_fold=fold, min_fold=2, unit=2, ring=ring)
+  plan = Plan(period=period, max_fold=fold, block=fold)
+  outbox = Outbox(0, shards, layout, plan, max_inflight=2, min_fold=2, ring=ring)
   replies = []
   for message in messages:
     outbox.push(message, True)

@@ -229,19 +229,17 @@ class Config:
       raise ValueError(f"Config: worker_nice must be None or an int in [0, 19], got {nice!r}.")
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):
       raise ValueError(f"Config: seed must be an int, got {self.seed!r}.")
-    if self.checkpoint_dir is not None:
-      if not isinstance(self.checkpoint_dir, str | os.PathLike) or not os.fspath(
-        self.checkpoint_dir
-      ):
+    if (path := self.checkpoint_dir) is not None:
+      if not isinstance(path, str | os.PathLike) or not os.fspath(path):
         raise ValueError(
           "Config: checkpoint_dir must be None (no checkpoints) or a non-empty path, e.g. "
-          f"checkpoint_dir='checkpoints', got {self.checkpoint_dir!r}."
+          f"checkpoint_dir='checkpoints', got {path!r}."
         )
       if spec.server(self.num_workers) is None:
         raise ValueError(
           f"Config: checkpoint_dir needs parameter-server shards; {spec.name!r} has none."
         )
-      object.__setattr__(self, "checkpoint_dir", os.path.abspath(os.fspath(self.checkpoint_dir)))
+      object.__setattr__(self, "checkpoint_dir", os.path.abspath(os.fspath(path)))
     if not isinstance(self.slowdown, Mapping):
       raise ValueError(
         f"Config: slowdown must map worker indices to factors, got {self.slowdown!r}."
@@ -250,9 +248,7 @@ class Config:
       if isinstance(worker, bool) or not isinstance(worker, int):
         raise ValueError(f"Config: slowdown keys are worker indices (ints), got {worker!r}.")
       number = not isinstance(factor, bool) and isinstance(factor, int | float | np.number)
-      if not 0 <= worker < self.num_workers or not (
-        number and math.isfinite(factor) and factor >= 1
-      ):
+      if not (0 <= worker < self.num_workers and number and math.isfinite(factor) and factor >= 1):
         raise ValueError(
           f"Config: slowdown {worker}: {factor!r}: the worker must be in [0, {self.num_workers}) "
           "and the factor a finite number >= 1 (e.g. 2.0: that worker's iterations take twice "
@@ -265,10 +261,6 @@ class Config:
   def spec(self) -> Any:
     """The algorithm's spec (``algorithm`` after validation)."""
     return self.algorithm
-
-  @property
-  def name(self) -> str:
-    return str(self.algorithm.name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,18 +63,13 @@ def private_directory(parent: Path | None = None) -> Path | None:
   temp directory), created with mode 0700 if missing. None (logged) where it cannot be made, or
   where what is there is a link, not a directory, another user's, or open to others."""
   uid = os.getuid()
-  try:
-    parent = parent or Path(tempfile.gettempdir())
-  except OSError as error:  # no usable temp directory at all
-    _log.warning("no temp directory for core locks (%s): steps are not pinned", error)
-    return None
-  path = parent / f"optax_lena-{uid}"
-  try:
+  try:  # gettempdir fails where no temp directory is usable at all
+    path = (parent or Path(tempfile.gettempdir())) / f"optax_lena-{uid}"
     with contextlib.suppress(FileExistsError):  # checked below, like a new one
       os.mkdir(path, 0o700)
     info = os.lstat(path)
   except OSError as error:
-    _log.warning("cannot create or read %s (%s): steps are not pinned", path, error)
+    _log.warning("no directory for core locks (%s): steps are not pinned", error)
     return None
   if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
     _log.warning(

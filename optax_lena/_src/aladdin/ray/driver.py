@@ -60,7 +60,7 @@ class Runtime:
     if not isinstance(task, Task) or not isinstance(config, Config):
       raise TypeError("Runtime(task, config) takes an ad.Task and an ad.Config.")
     self.task, self.config, self.stall_timeout = task, config, stall_timeout
-    self.iteration = algorithms.entry(config.name).engine("ray")
+    self.iteration = algorithms.entry(config.spec.name).engine("ray")
     self.layout = FlatLayout(task.init_params, config.ps_shards)  # errors before Ray starts
     self.workers: list[Any] = []
     self.shards: list[Any] = []
@@ -79,27 +79,19 @@ class Runtime:
           address, num_cpus=num_cpus, num_gpus=num_gpus, resources=resources, temp_dir=temp_dir
         )
       self.signals.check()
-      self._start_actors(ray)
+      self.threads = bootstrap.intra_op_threads(config, config.num_workers + config.ps_shards)
+      self.cores = bootstrap.step_cores(config, self.threads)
+      self.iteration.start_peers(self, ray)
+      nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
+      worker_cls = ray.remote(WorkerActor).options(**bootstrap.actor_options(config, "worker"))
+      args = (task, config, self.shards, self.peers, nice, self.threads, self.cores, self.run_name)
+      self.workers = [worker_cls.remote(i, *args) for i in range(config.num_workers)]
+      # Constructors (imports, restores, compilation, first fetch of the global model) finish
+      # here, so that the clock of a run starts with every actor ready.
+      self._get([w.info.remote() for w in self.workers], timeout=None)
     except BaseException:
       self.shutdown(checkpoint=False)
       raise
-
-  def _start_actors(self, ray: Any) -> None:
-    task, config = self.task, self.config
-    self.threads = bootstrap.intra_op_threads(config, config.num_workers + config.ps_shards)
-    self.cores = bootstrap.step_cores(config, self.threads)
-    self.iteration.start_peers(self, ray)
-    nice = bootstrap.worker_nice(config, config.num_workers + len(self.shards) + len(self.peers))
-    worker_cls = ray.remote(WorkerActor).options(**bootstrap.actor_options(config, "worker"))
-    self.workers = [
-      worker_cls.remote(
-        i, task, config, self.shards, self.peers, nice, self.threads, self.cores, self.run_name
-      )
-      for i in range(config.num_workers)
-    ]
-    # Constructors (imports, restores, compilation, first fetch of the global model) finish
-    # here, so that the clock of a run starts with every actor ready.
-    self._get([w.info.remote() for w in self.workers], timeout=None)
 
   def _start_shards(self, ray: Any) -> None:
     """The PS shards, one per slice of the model (``Iteration.start_peers``)."""
@@ -269,7 +261,7 @@ class Runtime:
     its = [int(t.get("iterations", 0)) for t in totals]
     samples = sum(its) * self.task.batch_size
     return RunResult(
-      algorithm=config.name,
+      algorithm=config.spec.name,
       wall_s=wall,
       samples=samples,
       throughput=samples / wall,

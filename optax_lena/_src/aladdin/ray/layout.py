@@ -61,8 +61,6 @@ class FlatLayout:
 
   def per_element(self, per_shard: Any) -> Any:
     """A ``[num_shards]`` vector repeated over each shard's slice (traceable)."""
-    if self.num_shards == 1:
-      return per_shard[0]
     return jnp.repeat(per_shard, np.asarray(self.shard_sizes), total_repeat_length=self.size)
 
   def to_vector(self, tree: PyTree) -> np.ndarray:

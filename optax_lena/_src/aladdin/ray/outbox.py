@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from optax_lena._src.aladdin.ray.channel import Ring, Rows
+from optax_lena._src.aladdin.ray.config import Plan
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 
 
@@ -21,12 +22,11 @@ class Outbox:
 
   Args:
     worker, shards, layout: the sender's index, the shard actors and the flat layout.
+    plan: the :class:`~optax_lena._src.aladdin.ray.config.Plan`: a worker that has
+      ``plan.max_fold`` messages queued behind ``max_inflight`` unanswered calls waits
+      (back-pressure); a call carries whole periods when it carries more than one.
     max_inflight: unanswered calls before messages are folded instead of sent.
-    max_fold: messages in one call; a worker that has this many queued behind
-      ``max_inflight`` unanswered calls waits (back-pressure).
     min_fold: messages queued before a call is made (a flush sends fewer).
-    unit: a call of more than ``unit`` messages carries a multiple of it (the rest waits for
-      the next call), so that the shards compile few fold sizes.
     ring: the worker's shared-memory ring, with ``max_inflight`` regions of ``max_fold``
       messages (None: messages and replies travel in the calls).
   """
@@ -36,17 +36,15 @@ class Outbox:
     worker: int,
     shards: list[Any],
     layout: FlatLayout,
+    plan: Plan,
     *,
     max_inflight: int,
-    max_fold: int,
     min_fold: int = 1,
-    unit: int = 1,
     ring: Ring | None = None,
   ):
     self.worker, self.shards, self.layout = worker, shards, layout
-    self.max_inflight, self.max_fold = max_inflight, max_fold
-    self.min_fold = min(min_fold, max_fold)
-    self.unit = max(1, min(unit, max_fold))
+    self.max_inflight, self.max_fold, self.unit = max_inflight, plan.max_fold, plan.period
+    self.min_fold = min(min_fold, self.max_fold)
     self.ring = ring
     self._flushing = False
     self.sent = [0] * len(shards)  # messages (folded ones counted one by one) per shard

@@ -70,7 +70,8 @@ class Lockstep:
     """The next call, or the next round's n calls together (AR-SGD)."""
     n = len(self.workers)
     stop = min(self.calls, self.next + (n if self.together else 1))
-    out = [(c % n, self.workers[c % n].step_sync.remote()) for c in range(self.next, stop)]
+    calls = [(c % n, self.workers[c % n]) for c in range(self.next, stop)]
+    out = [(i, w.run.remote(None, max_iterations=1, sync=True)) for i, w in calls]
     self.next, self.running = stop, len(out)
     return out
 

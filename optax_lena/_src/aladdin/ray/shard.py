@@ -140,17 +140,16 @@ class ServerShard:
       self.state = _own(payload["state"])
       self.counts["global_updates"] = self.restored_updates = int(payload["updates"])
 
-  def checkpoint(self) -> int:
-    """Saves the state now (also called by the driver on a clean stop); returns its step."""
+  def checkpoint(self) -> None:
+    """Saves the state now (also called by the driver on a clean stop)."""
     if self._manager is None:
-      return -1
+      return
     updates = self.counts["global_updates"]
     if self._manager.latest_step() != updates:
       payload = {"state": self.state, "updates": np.asarray(updates, np.int64)}
       shard_checkpoints.save(self._manager, updates, payload)
       self.num_checkpoints += 1
     self.since_checkpoint = 0
-    return updates
 
   def params(self) -> tuple[np.ndarray, int]:
     """The global slice x~ and the number of global updates so far."""

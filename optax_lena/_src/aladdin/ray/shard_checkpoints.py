@@ -33,7 +33,7 @@ def _steps(directory: Path) -> list[int]:
   return sorted((int(p.name) for p in directory.iterdir() if p.name.isdigit()), reverse=True)
 
 
-def set_aside(checkpoint_dir: str | os.PathLike, shard: int, step: int, reason: str) -> Path:
+def set_aside(checkpoint_dir: str | os.PathLike, shard: int, step: int, reason: str) -> None:
   """Moves a step out of Orbax's directory, to ``<checkpoint_dir>/{damaged,incomplete,
   unmatched}/shard_<k>/<step>``, with a warning naming it and why."""
   kind = "incomplete" if reason in digest.INCOMPLETE else "damaged"
@@ -47,7 +47,6 @@ def set_aside(checkpoint_dir: str | os.PathLike, shard: int, step: int, reason: 
   log.warning("Checkpoint %s is set aside (%s): %s. Moved to %s.", source, kind, reason, target)
   target.parent.mkdir(parents=True, exist_ok=True)
   os.replace(source, target)
-  return target
 
 
 def agree(checkpoint_dir: str | os.PathLike, num_shards: int) -> int | None:

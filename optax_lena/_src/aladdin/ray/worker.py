@@ -56,27 +56,24 @@ class WorkerActor:
     self.layout = layout = FlatLayout(task.init_params, config.ps_shards)
     plan = config.plan
     self.outbox: Outbox | None = None
+    params, self.start_updates = task.init_params, 0
     if self.shards:
       ring = self._open_ring(run, plan.max_fold, plan.reply_slots) if config.shared_memory else None
       self.outbox = Outbox(
         index,
         self.shards,
         layout,
+        plan,
         max_inflight=config.max_inflight,
-        max_fold=plan.max_fold,
         min_fold=config.fold or plan.period,
-        unit=plan.period,
         ring=ring,
       )
-    context = ray.get_runtime_context()
-    self.incarnation = int(bool(context.was_current_actor_reconstructed))
-    # A worker (re)starts from the current global model: after a restart by Ray it resumes the
-    # training where the cluster is, not from the initial parameters.
-    params, self.start_updates = task.init_params, 0
-    if self.shards:
+      # A worker (re)starts from the current global model: after a restart by Ray it resumes
+      # the training where the cluster is, not from the initial parameters.
       replies = ray.get([s.params.remote() for s in self.shards])
       params = layout.to_tree(layout.join([p for p, _ in replies]))
       self.start_updates = min(n for _, n in replies)
+    self.incarnation = int(bool(ray.get_runtime_context().was_current_actor_reconstructed))
     program = config.spec.program(task.loss_fn, config.num_workers)
     transport: Any = self.outbox
     if peers and config.spec.synchronous:
@@ -97,7 +94,7 @@ class WorkerActor:
       slowdown=float(config.slowdown.get(index, 1.0)),
     )
     self.totals: dict[str, Any] = dict.fromkeys(TOTALS, 0)
-    self.algorithm = algorithms.entry(config.name).engine("ray")(self.local, config.spec)
+    self.algorithm = algorithms.entry(config.spec.name).engine("ray")(self.local, config.spec)
     self.algorithm.warm_up(first)
     if claim is not None:
       placement.follow_the_step(claim, lambda: self.algorithm.warm_up(first))
@@ -165,14 +162,9 @@ class WorkerActor:
       self._fold_for(stats["compute_s"] / stats["iterations"])
     return {**stats, **self._identity()}
 
-  def step_sync(self) -> dict[str, Any]:
-    """One iteration that waits for every reply (the deterministic schedule)."""
-    return self.run(None, max_iterations=1, sync=True)
-
-  def flush(self) -> int:
-    """Sends every folded message and merges every reply; returns the messages sent so far."""
+  def flush(self) -> None:
+    """Sends every folded message and merges every reply (the wait counts in the totals)."""
     self.totals["wait_s"] += self.algorithm.flush()
-    return self.outbox.sent[0] if self.outbox is not None else 0
 
   def _identity(self) -> dict[str, Any]:
     return {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time as _time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -57,61 +57,33 @@ class EvalPoint:
   local_accuracy: float = math.nan
 
 
-class Timer:
-  """Host time inside JAX calls (blocking on results only when profiling)."""
-
-  def __init__(self, profile: bool):
-    self.profile = profile
-    self.total = 0.0
-
-  def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-    if not self.profile:
-      return fn(*args)
-    start = _time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    self.total += _time.perf_counter() - start
-    return out
-
-
-class Batches:
-  """One worker's stream of mini-batches: consecutive slices of per-epoch permutations."""
-
-  def __init__(self, problem: Problem, batch_size: int, rng: np.random.Generator):
-    self.x, self.y = problem.x_train, problem.y_train
-    self.batch_size = batch_size
-    self.rng = rng
-    self.order = rng.permutation(len(self.x))
-    self.pos = 0
-
-  def next(self) -> tuple[np.ndarray, np.ndarray]:
-    if self.pos + self.batch_size > len(self.order):
-      self.order = self.rng.permutation(len(self.x))
-      self.pos = 0
-    idx = self.order[self.pos : self.pos + self.batch_size]
-    self.pos += self.batch_size
-    return self.x[idx], self.y[idx]
-
-
-@dataclasses.dataclass(eq=False)
-class SimLocal:
-  """A worker's training state (``SimWorker.model``): its batches and its program's state."""
-
-  batches: Batches
-  state: Any = None
+def batch_stream(
+  problem: Problem, batch_size: int, rng: np.random.Generator
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """One worker's endless mini-batches: consecutive slices of per-epoch permutations."""
+  x, y = problem.x_train, problem.y_train
+  order, pos = rng.permutation(len(x)), 0
+  while True:
+    if pos + batch_size > len(order):
+      order, pos = rng.permutation(len(x)), 0
+    idx = order[pos : pos + batch_size]
+    pos += batch_size
+    yield x[idx], y[idx]
 
 
 class Compute:
   """The timing-only mode: nothing is computed, every message carries None.
 
   The hooks a process calls: ``step`` (a worker's local iteration, returns its message),
-  ``cluster_step`` (one synchronous step of all workers), ``receive`` (the server processes a
-  message, returns its reply), ``apply`` (a worker applies a reply or a peer's message),
-  ``evaluate``."""
+  ``cluster_step`` (one synchronous step of all workers, returns their messages stacked and
+  their sum), ``receive`` (the server processes a message, returns its reply), ``apply`` (a
+  worker applies a reply or a peer's message), ``evaluate``."""
 
   evals: list[EvalPoint]
+  jax_time = 0.0  # host seconds inside the JAX calls (when profiling)
 
-  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, timer: Timer) -> None:
-    del workers, batch_size, seed, timer
+  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, profile: bool) -> None:
+    del workers, batch_size, seed, profile
     self.evals = []
 
   def step(self, worker: Any) -> Any:
@@ -132,10 +104,6 @@ class Compute:
   def final_params(self) -> PyTree:
     return None
 
-  @property
-  def jax_time(self) -> float:
-    return 0.0
-
 
 def _mean_models(models: list[PyTree]) -> PyTree:
   return jax.tree.map(lambda *v: sum(v[1:], v[0]) / len(v), *models)
@@ -148,7 +116,7 @@ class Training(Compute):
   algorithm (AR-SGD), or else the average of the workers' (SGP)."""
 
   def __init__(self, spec: Any, problem: Problem, num_workers: int):
-    self.spec, self.problem, self.n = spec, problem, num_workers
+    self.spec, self.problem = spec, problem
     # Device scalars of the worker indices, made once (a jnp.int32(i) per message would cost
     # more host time than the simulator's own bookkeeping).
     self.worker_ids = [jnp.asarray(i, jnp.int32) for i in range(num_workers)]
@@ -173,66 +141,70 @@ class Training(Compute):
 
     self.cluster_step_fn = jax.jit(cluster_step)
 
-  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, timer: Timer) -> None:
+  def start(self, workers: Sequence[Any], *, batch_size: int, seed: int, profile: bool) -> None:
     self.evals = []
     self.losses: list[Any] = []
-    self.timer = timer
+    self.profile, self.jax_time = profile, 0.0
     state = self.program.init(self.problem.params)
     # One generator per worker, derived from (seed, worker): a worker's batches do not depend
     # on the other workers' speeds.
     for w in workers:
-      w.model = SimLocal(Batches(self.problem, batch_size, np.random.default_rng([seed, w.index])))
-      w.model.state = state
+      w.batches = batch_stream(self.problem, batch_size, np.random.default_rng([seed, w.index]))
+      w.state = state
     self.workers = workers
     if self.server is not None:
       self.server_state = self.server.init(self.problem.params)
 
+  def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; when profiling, waited for and its host seconds added to ``jax_time``."""
+    if not self.profile:
+      return fn(*args)
+    start = _time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    self.jax_time += _time.perf_counter() - start
+    return out
+
   def step(self, worker: Any) -> Any:
-    m = worker.model
-    m.state, message, loss = self.timer(self.step_fn, m.state, m.batches.next())
+    worker.state, message, loss = self._run(self.step_fn, worker.state, next(worker.batches))
     self.losses.append(loss)
     return message
 
-  def cluster_step(self, workers: Sequence[Any]) -> tuple[list[Any], PyTree]:
-    batches = [w.model.batches.next() for w in workers]
+  def cluster_step(self, workers: Sequence[Any]) -> tuple[PyTree, PyTree]:
+    batches = [next(w.batches) for w in workers]
     xs = np.stack([b[0] for b in batches])
     ys = np.stack([b[1] for b in batches])
-    state, loss, messages, total = self.timer(self.cluster_step_fn, workers[0].model.state, xs, ys)
+    state, loss, messages, total = self._run(self.cluster_step_fn, workers[0].state, xs, ys)
     for w in workers:
-      w.model.state = state
+      w.state = state
     self.losses.append(loss)
-    return [jax.tree.map(lambda m, i=i: m[i], messages) for i in range(len(workers))], total
+    return messages, total
 
   def receive(self, worker: Any, message: Any) -> Any:
-    self.server_state, reply = self.timer(
+    self.server_state, reply = self._run(
       self.receive_fn, self.server_state, message, self.worker_ids[worker.index]
     )
     return reply
 
   def apply(self, worker: Any, reply: Any) -> None:
-    worker.model.state = self.timer(self.apply_fn, worker.model.state, reply)
+    worker.state = self._run(self.apply_fn, worker.state, reply)
 
   def final_params(self) -> PyTree:
     """The evaluated model."""
     if self.server is not None:
       return self.server_state.params
     if self.spec.synchronous:
-      return self.program.params(self.workers[0].model.state)
-    return self.mean_params([w.model.state for w in self.workers])
+      return self.program.params(self.workers[0].state)
+    return self.mean_params([w.state for w in self.workers])
 
   def evaluate(self, time: float, samples: int, iterations: float) -> None:
-    loss, acc = self.timer(self.eval_fn, self.final_params(), self.x_test, self.y_test)
+    loss, acc = self._run(self.eval_fn, self.final_params(), self.x_test, self.y_test)
     train_loss = float(jnp.mean(jnp.stack(self.losses))) if self.losses else math.nan
     self.losses = []
     local_acc = math.nan
     if self.spec.distinct_locals:
-      mean = self.timer(self.mean_params, [w.model.state for w in self.workers])
-      _, acc_locals = self.timer(self.eval_fn, mean, self.x_test, self.y_test)
+      mean = self._run(self.mean_params, [w.state for w in self.workers])
+      _, acc_locals = self._run(self.eval_fn, mean, self.x_test, self.y_test)
       local_acc = float(acc_locals)
     self.evals.append(
       EvalPoint(time, samples, iterations, train_loss, float(loss), float(acc), local_acc)
     )
-
-  @property
-  def jax_time(self) -> float:
-    return self.timer.total

@@ -85,7 +85,8 @@ class Engine:
 class SimWorker:
   """Everything the simulator knows about one worker (a process may add fields): ``jitter``,
   its compute-time generator, seeded by (seed, i, 1); ``wait``, simulated seconds it spent idle;
-  ``model``, its training state, owned by the compute object (None in the timing-only mode)."""
+  ``batches`` and ``state``, its batch stream and its program's state, owned by the compute
+  object (None in the timing-only mode)."""
 
   index: int
   jitter: np.random.Generator
@@ -93,7 +94,8 @@ class SimWorker:
   wait: float = 0.0
   messages: int = 0
   idle_since: float = 0.0
-  model: Any = None
+  batches: Any = None
+  state: Any = None
 
 
 class Process:

@@ -7,6 +7,7 @@ timing-only mode does nothing. ``docs/ALADDIN.md`` (section 5) tabulates the pat
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -21,10 +22,10 @@ simulates = algorithms.attacher("simulator")
 class AladdinWorker(SimWorker):
   inbox: list[Any] = dataclasses.field(default_factory=list)  # replies not merged yet
   leaving: list[float] = dataclasses.field(default_factory=list)  # when queued messages leave
-  # Per PS shard: messages since the last reply (the PS's c_i, tracked here to time the global
+  # By PS shard: messages since the last reply (the PS's c_i, tracked here to time the global
   # updates without reading the device) and replies (for ``reply_every``).
-  ps_counts: list[int] = dataclasses.field(default_factory=list)
-  reply_counts: list[int] = dataclasses.field(default_factory=list)
+  ps_counts: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
+  reply_counts: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
 
 
 @simulates("aladdin")
@@ -33,12 +34,6 @@ class AladdinProcess(Process):
 
   worker_type = AladdinWorker
   workers: list[AladdinWorker]
-
-  def start(self) -> None:
-    for w in self.workers:
-      w.ps_counts = [0] * self.cluster.num_shards
-      w.reply_counts = [0] * self.cluster.num_shards
-    super().start()
 
   def computed(self, w: AladdinWorker) -> None:
     e = self.engine
@@ -90,9 +85,7 @@ class AladdinProcess(Process):
 class ArSgdProcess(Process):
   """A barrier every iteration, then a ring all-reduce of the gradients."""
 
-  def start(self) -> None:
-    self.arrived = 0
-    super().start()
+  arrived = 0  # workers at the barrier
 
   def computed(self, w: SimWorker) -> None:
     e = self.engine

@@ -17,7 +17,7 @@ from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.algorithms import Spec, algorithm  # noqa: F401 (for tests)
 from optax_lena._src.aladdin.sim import processes as _processes  # noqa: F401 (registers them)
 from optax_lena._src.aladdin.sim.cluster import Cluster
-from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Timer, Training
+from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Training
 
 PyTree = Any
 
@@ -97,13 +97,6 @@ class Simulator:
       alg.check_trainable()
     self._computes: dict[int, Compute] = {}
 
-  def compute(self, num_workers: int) -> Compute:
-    """The compute object for ``num_workers`` workers (built, and compiled, once)."""
-    if num_workers not in self._computes:
-      compute = Compute() if self.problem is None else Training(self.alg, self.problem, num_workers)
-      self._computes[num_workers] = compute
-    return self._computes[num_workers]
-
   def run(
     self,
     cluster: Cluster,
@@ -120,19 +113,20 @@ class Simulator:
     """One run on ``cluster`` (the arguments of :func:`simulate`)."""
     if num_samples is None and not math.isfinite(until_time):
       raise ValueError("Give num_samples or until_time, or the simulation never ends.")
-    if self.problem is None and model_bytes is None:
-      raise ValueError("The timing-only mode (problem=None) needs model_bytes.")
     if self.problem is not None and cluster.num_shards != 1:
       raise ValueError(
         "Training mode runs one PS shard (the server's computation is not split); sharding is "
         "modelled in the timing-only mode. Use num_shards=1."
       )
     if model_bytes is None:
-      assert self.problem is not None
-      model_bytes = float(
-        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.problem.params))
-      )
-    compute = self.compute(cluster.num_workers)
+      if self.problem is None:
+        raise ValueError("The timing-only mode (problem=None) needs model_bytes.")
+      leaves = jax.tree.leaves(self.problem.params)
+      model_bytes = float(sum(x.size * x.dtype.itemsize for x in leaves))
+    n = cluster.num_workers
+    if n not in self._computes:
+      self._computes[n] = Compute() if self.problem is None else Training(self.alg, self.problem, n)
+    compute = self._computes[n]
     process = self.process(
       self.alg,
       cluster,
@@ -144,7 +138,7 @@ class Simulator:
       seed=seed,
       record_events=record_events,
     )
-    compute.start(process.workers, batch_size=batch_size, seed=seed, timer=Timer(profile))
+    compute.start(process.workers, batch_size=batch_size, seed=seed, profile=profile)
     start = _time.perf_counter()
     process.evaluate()  # the initial model, at time 0
     process.start()
