@@ -100,10 +100,12 @@ def algorithm_spec(name: str, options: Options) -> Any:
 
   momentum = 0.9 if options.server_momentum else None
   worker_tx = al.local_optimizer(options.lr, momentum=0.9, weight_decay=1e-4)
-  if name == "asp":
-    return al.algorithm("asp", server_tx=optax.sgd(options.lr, momentum=momentum))
   if name != "aladdin":
-    return al.algorithm(name, worker_tx=worker_tx)
+    # The optimizer that trains the model: the workers' local one, or a plain (or momentum)
+    # step where it sits on the server (ASP, whose workers only send gradients).
+    on_server = al.algorithm(name).optimizer_field == "server_tx"
+    tx = optax.sgd(options.lr, momentum=momentum) if on_server else worker_tx
+    return al.algorithm(name, optimizer=tx)
   given = {"message": options.message, "period": options.period, "alpha": options.alpha}
   kwargs: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
   message = kwargs.get("message", al.Aladdin().message)

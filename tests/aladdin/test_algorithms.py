@@ -67,6 +67,19 @@ def test_specs_are_frozen_and_training_needs_the_optimizers():
   assert set(al.ALGORITHMS) == {"aladdin", "ar_sgd", "asp", "easgd", "sgp"}
 
 
+@pytest.mark.parametrize("name", ["aladdin", "ar_sgd", "asp", "easgd", "sgp"])
+def test_any_spec_is_built_with_the_optimizer_that_trains_the_model(name):
+  # One call for every algorithm: optimizer= lands in the spec's optimizer field (ASP's server).
+  tx = optax.sgd(0.1)
+  spec = al.algorithm(name, optimizer=tx)
+  field = "server_tx" if name == "asp" else "worker_tx"
+  assert spec.optimizer_field == field and getattr(spec, field) is tx
+  assert spec == al.algorithm(name, **{field: tx})
+  spec.check_trainable()
+  with pytest.raises(TypeError, match=rf"{name}: optimizer= sets {field}; give one, not both"):
+    al.algorithm(name, optimizer=tx, **{field: tx})
+
+
 def test_aladdin_defaults_are_the_recipe_and_need_no_server_tx():
   spec = al.algorithm("aladdin", worker_tx=al.local_optimizer(0.1))
   assert (spec.message, spec.period, spec.normalise) == ("update", 4, "mean_of_locals")

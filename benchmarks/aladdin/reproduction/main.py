@@ -170,9 +170,9 @@ def _tx(key: tuple) -> Any:
 def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
   """The algorithm of a run, with the study's learning rates.
 
-  * ALADDIN, EASGD, SGP workers: ``al.local_optimizer(lr)`` (momentum SGD 0.9, weight decay
-    1e-4, the paper's local optimizer). ALADDIN's PS: ``optax.sgd(lr)`` (the printed plain
-    step) or ``optax.sgd(lr, momentum=0.9)`` on the normalised g~.
+  * ALADDIN, EASGD (``tau`` 2, the default), SGP workers: ``al.local_optimizer(lr)`` (momentum
+    SGD 0.9, weight decay 1e-4, the paper's local optimizer). ALADDIN's PS: ``optax.sgd(lr)``
+    (the printed plain step) or ``optax.sgd(lr, momentum=0.9)`` on the normalised g~.
   * AR-SGD: ``al.local_optimizer(ar_lr)`` on the mean of the n gradients.
   * ASP: the PS applies each gradient with ``optax.sgd(lr)`` (the printed Hogwild step).
   """
@@ -189,12 +189,10 @@ def make_algorithm(spec: RunSpec, preset: Preset) -> sim.Algorithm:
       reply_every=spec.reply_every or None,
     )
   if spec.alg == "ar_sgd":
-    return sim.algorithm("ar_sgd", worker_tx=_tx(("local", preset.ar_lr)))
-  if spec.alg == "asp":
-    return sim.algorithm("asp", server_tx=_tx(("sgd", lr)))
-  if spec.alg == "easgd":
-    return sim.algorithm("easgd", worker_tx=_tx(("local", lr)), tau=2)
-  return sim.algorithm("sgp", worker_tx=_tx(("local", lr)))
+    lr = preset.ar_lr
+  # The optimizer that trains the model: the workers' local one, or ASP's server's plain step.
+  on_server = sim.algorithm(spec.alg).optimizer_field == "server_tx"
+  return sim.algorithm(spec.alg, optimizer=_tx(("sgd" if on_server else "local", lr)))
 
 
 def run_one(spec: RunSpec, preset: Preset, cache_dir: Path, *, profile: bool = False) -> dict:

@@ -54,6 +54,8 @@ class Spec:
   distinct_locals: ClassVar[bool] = False
   # A barrier every iteration: every worker runs the same number of iterations (AR-SGD).
   synchronous: ClassVar[bool] = False
+  # The field of the optimizer that trains the model, which ``algorithm(name, optimizer=tx)`` sets.
+  optimizer_field: ClassVar[str] = "worker_tx"
 
   worker_tx: optax.GradientTransformation | None = None
   label: str = ""
@@ -83,8 +85,8 @@ class Spec:
 
   def _tx(self) -> optax.GradientTransformation:
     self.check_trainable()
-    assert self.worker_tx is not None
-    return self.worker_tx
+    tx: optax.GradientTransformation = getattr(self, self.optimizer_field)
+    return tx
 
 
 def _gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -213,6 +215,7 @@ class Asp(Symmetric):
   """
 
   name: ClassVar[str] = "asp"
+  optimizer_field: ClassVar[str] = "server_tx"
 
   server_tx: optax.GradientTransformation | None = None
 
@@ -239,9 +242,7 @@ class Asp(Symmetric):
 
   def server(self, num_workers: int) -> Server:
     del num_workers
-    self.check_trainable()
-    assert self.server_tx is not None
-    return asp_server(self.server_tx)
+    return asp_server(self._tx())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -421,11 +422,15 @@ def entry(name: str) -> Entry:
   return _REGISTRY[name]
 
 
-def algorithm(name: str, **options: Any) -> Spec:
+def algorithm(
+  name: str, *, optimizer: optax.GradientTransformation | None = None, **options: Any
+) -> Spec:
   """The validated spec of algorithm ``name`` with ``options``.
 
   Args:
     name: ``"aladdin"``, ``"ar_sgd"``, ``"asp"``, ``"easgd"``, ``"sgp"`` or a registered one.
+    optimizer: the optimizer that trains the model, whichever field holds it (the spec's
+      ``optimizer_field``: ``worker_tx``, ASP's ``server_tx``); one call builds any spec.
     **options: the spec's fields (``worker_tx``, ``server_tx``, ``message``, ``period``,
       ``normalise``, ``alpha``, ``tau``, ``beta``, ...); an option the algorithm does not have
       raises an error listing those it has.
@@ -437,6 +442,10 @@ def algorithm(name: str, **options: Any) -> Spec:
     raise TypeError(
       f"{name} has no option {', '.join(map(repr, unknown))}; its options are {fields}."
     )
+  if optimizer is not None:
+    if spec.optimizer_field in options:
+      raise TypeError(f"{name}: optimizer= sets {spec.optimizer_field}; give one, not both.")
+    options[spec.optimizer_field] = optimizer
   return spec(**options)
 
 
