@@ -309,7 +309,10 @@ def test_training_follows_the_event_order(problem):
   step = jax.jit(al.local_step(_loss, options["worker_tx"], message="update"))
   server = al.parameter_server(4, optax.sgd(1.0), alpha=0.0)
   receive = jax.jit(server.receive)
-  streams = [sim_compute.batch_stream(problem, 16, np.random.default_rng([5, i])) for i in range(4)]
+  streams = [
+    sim_compute.batch_stream(problem.x_train, problem.y_train, 16, np.random.default_rng([5, i]))
+    for i in range(4)
+  ]
   local = [(problem.params, options["worker_tx"].init(problem.params)) for _ in range(4)]
   state = server.init(problem.params)
   for w in order:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +36,31 @@ class Server(Protocol):
   def init(self, params: PyTree) -> Any: ...
 
   def receive(self, state: Any, message: PyTree, worker: Any) -> tuple[Any, Any]: ...
+
+
+@runtime_checkable
+class Result(Protocol):
+  """What a run reports on either engine (``sim.SimResult``, ``ad.RunResult``): ``algorithm``,
+  ``samples``, ``throughput`` (samples per second), per worker ``iterations`` and
+  ``wait_fraction`` (its share of time blocked on other processes), the ``curve`` of ``(seconds,
+  metric)`` evaluations of the global model, ``final_params`` (that model at the end) and a
+  JSON-friendly ``summary()``. Seconds are simulated in the simulator, wall-clock on Ray."""
+
+  algorithm: str
+  samples: int
+  throughput: float
+  iterations: list[int]
+
+  @property
+  def wait_fraction(self) -> list[float]: ...
+
+  @property
+  def curve(self) -> list[tuple[float, float]]: ...
+
+  @property
+  def final_params(self) -> PyTree: ...
+
+  def summary(self) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -251,6 +251,7 @@ def test_stopped_run_resumes_from_its_checkpoint(
     assert [i.worker for i in infos] == [0, 1] and all(i.iterations == 0 for i in infos)
     second = runtime.run(1.0, progress=False)
   assert second.shards[0].global_updates > updates
+  assert isinstance(second, al.Result)  # the vocabulary the simulator's results share
   # summary() holds the records as plain dicts, field for field, and survives JSON.
   row = second.summary()
   assert json.loads(json.dumps(row))["workers"] == [dataclasses.asdict(w) for w in second.workers]

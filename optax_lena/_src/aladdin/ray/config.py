@@ -56,6 +56,19 @@ class Task:
     if self.batch_size < 1:
       raise ValueError(f"Task: batch_size must be >= 1, got {self.batch_size}.")
 
+  @classmethod
+  def from_problem(cls, problem: Any, batch_size: int) -> Task:
+    """The task of a simulator problem (``sim.Problem``): its ``loss_fn`` and ``params``, and
+    the simulator's batches (``batches(w, s)``: worker ``w``'s stream with ``seed=s``)."""
+    from optax_lena._src.aladdin.sim.compute import batch_stream
+
+    x, y = problem.x_train, problem.y_train
+
+    def batches(worker: int, seed: int) -> Iterator[Any]:
+      return batch_stream(x, y, batch_size, np.random.default_rng([seed, worker]))
+
+    return cls(problem.loss_fn, problem.params, batches, batch_size)
+
 
 # ALADDIN's calls carry up to this many periods of a worker's messages: a worker that outruns
 # its calls folds what it queued into the next one instead of waiting (back-pressure).

@@ -58,10 +58,10 @@ class EvalPoint:
 
 
 def batch_stream(
-  problem: Problem, batch_size: int, rng: np.random.Generator
+  x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """One worker's endless mini-batches: consecutive slices of per-epoch permutations."""
-  x, y = problem.x_train, problem.y_train
+  """One worker's endless mini-batches of ``(x, y)``: consecutive slices of per-epoch
+  permutations (also Ray's, through ``ad.Task.from_problem``)."""
   order, pos = rng.permutation(len(x)), 0
   while True:
     if pos + batch_size > len(order):
@@ -149,7 +149,8 @@ class Training(Compute):
     # One generator per worker, derived from (seed, worker): a worker's batches do not depend
     # on the other workers' speeds.
     for w in workers:
-      w.batches = batch_stream(self.problem, batch_size, np.random.default_rng([seed, w.index]))
+      rng = np.random.default_rng([seed, w.index])
+      w.batches = batch_stream(self.problem.x_train, self.problem.y_train, batch_size, rng)
       w.state = state
     self.workers = workers
     if self.server is not None:

@@ -29,7 +29,8 @@ Algorithm = Spec
 
 @dataclasses.dataclass
 class SimResult:
-  """What one simulated run reports.
+  """What one simulated run reports; it follows ``al.Result`` (``wait_fraction``, ``curve`` and
+  ``final_params`` are derived from the fields, in simulated seconds).
 
   Attributes:
     algorithm: the algorithm's name.
@@ -61,6 +62,21 @@ class SimResult:
   wall_time: float
   jax_time: float
   num_events: int
+
+  @property
+  def wait_fraction(self) -> list[float]:
+    """Per worker, ``wait_time / time``: the share of the simulated run it waited."""
+    return [w / self.time if self.time > 0 else 0.0 for w in self.wait_time]
+
+  @property
+  def curve(self) -> list[tuple[float, float]]:
+    """``(simulated seconds, test accuracy)`` of every evaluation (``evals``)."""
+    return [(e.time, e.test_accuracy) for e in self.evals]
+
+  @property
+  def final_params(self) -> PyTree:
+    """``params``, under the name the :class:`al.Result` protocol gives it."""
+    return self.params
 
   @property
   def final_accuracy(self) -> float:
