@@ -351,22 +351,17 @@ class WorkerInfo:
 
 @dataclasses.dataclass
 class RunResult:
-  """What a run measured.
+  """What a run measured; it follows ``al.Result``, which describes ``algorithm``, ``samples``,
+  ``throughput``, ``iterations``, ``curve`` and ``final_params``, in wall-clock seconds.
 
   Attributes:
-    algorithm: the algorithm.
     wall_s: seconds from the first scheduled chunk to the last result.
-    samples: samples processed by all workers.
-    throughput: samples per second over the run.
-    iterations: per worker.
     wait_fraction: per worker, time blocked on other processes / time in its iterations.
     compute_fraction: per worker, time in its local step / time in its iterations.
     merges: per worker, its :class:`WorkerInfo` ``merges``.
-    curve: ``(seconds, metric)`` evaluations of the global model during the run.
     curve_iterations: the iterations of all workers together at each evaluation.
     shards: each shard's counters at the end (:class:`ShardStats`).
     workers: each worker's identity and totals at the end (:class:`WorkerInfo`).
-    final_params: the global model at the end.
   """
 
   algorithm: str

@@ -51,11 +51,8 @@ class Progress:
     now = time.monotonic()
     if now - self._last >= self.log_every:
       self._last = now
-      print(
-        f"training {done:.0f}/{self.total:.0f} {self.unit}, {iterations} iterations",
-        file=self.stream,
-        flush=True,
-      )
+      line = f"training {done:.0f}/{self.total:.0f} {self.unit}, {iterations} iterations"
+      print(line, file=self.stream, flush=True)
 
   def close(self) -> None:
     if self._bar is not None:

@@ -103,10 +103,6 @@ class Cluster:
       return 0.0
     return 2.0 * (n - 1) / n * nbytes / self.bandwidth + 2.0 * (n - 1) * self.latency
 
-  def shard_bytes(self, nbytes: float) -> list[float]:
-    """The bytes of a message's slice for each shard (memory-wise: equal slices)."""
-    return [nbytes / self.num_shards] * self.num_shards
-
 
 def make_cluster(
   num_workers: int,

@@ -169,7 +169,8 @@ class Process:
     """Sends each PS shard its slice of ``message`` (``self.ps_arrive(shard, worker, nbytes,
     message)`` on arrival); returns when the last slice has left the worker's uplink."""
     src, left = self.cluster.worker_nic(worker.index), self.engine.now
-    for s, nbytes in enumerate(self.cluster.shard_bytes(self.nbytes)):
+    nbytes = self.nbytes / self.cluster.num_shards  # memory-wise: equal slices
+    for s in range(self.cluster.num_shards):
       ps = self.cluster.ps_nic(s)
       left = self.engine.send(src, ps, nbytes, self.ps_arrive, s, worker, nbytes, message)
     return left

@@ -29,15 +29,12 @@ Algorithm = Spec
 
 @dataclasses.dataclass
 class SimResult:
-  """What one simulated run reports; it follows ``al.Result`` (``wait_fraction``, ``curve`` and
-  ``final_params`` are derived from the fields, in simulated seconds).
+  """What one simulated run reports; it follows ``al.Result``, which describes ``algorithm``,
+  ``samples``, ``throughput`` and ``iterations`` (``wait_fraction``, ``curve`` and
+  ``final_params`` are derived from the fields), in simulated seconds.
 
   Attributes:
-    algorithm: the algorithm's name.
     time: simulated seconds at the end.
-    samples: training samples processed (all workers).
-    throughput: samples per simulated second.
-    iterations: iterations completed by each worker.
     wait_time: simulated seconds each worker spent idle (waiting for a barrier, a reply or a
       peer; for AR-SGD the all-reduce counts as waiting).
     messages: messages each worker sent.
