@@ -12,7 +12,6 @@ import optax
 PyTree = Any
 
 NORMALISE_OPTIONS = ("sum", "mean", "mean_of_locals")
-ALPHA_OPTIONS = ("count", "n_pi")
 
 
 def _count(value: Any, name: str, meaning: str, too_small: str = "") -> int:
@@ -45,7 +44,7 @@ def check_normalise(normalise: Any) -> str:
 
 def check_alpha(alpha: Any) -> str | float:
   if isinstance(alpha, str):
-    if alpha not in ALPHA_OPTIONS:
+    if alpha not in ("count", "n_pi"):
       raise ValueError(
         f"alpha must be 'count' (1 - 1/sqrt(c~), Algorithm 2), 'n_pi' (1 - 1/sqrt(n * period), "
         f"Section 3.2) or a float in [0, 1], got {alpha!r}."

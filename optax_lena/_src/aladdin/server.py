@@ -84,14 +84,6 @@ def adopt(params: PyTree) -> Reply:
   return Reply(ready=jnp.asarray(True), params=params, alpha=jnp.ones([], jnp.float32))
 
 
-def accumulator_dtype(dtype: Any) -> Any:
-  """float32 for floating leaves of lower precision (bf16/f16 sums lose the small gradients)."""
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
-    return jnp.dtype(jnp.float32)
-  return dtype
-
-
 def all_finite(tree: PyTree) -> jax.Array:
   """True when every leaf of ``tree`` is finite (bool scalar)."""
   # The sum is NaN or Inf when one element is, and a float sum is the cheapest pass XLA has over
@@ -168,11 +160,16 @@ def parameter_server(
   alpha = checks.check_alpha(alpha)
   checks.check_tx(server_tx, "server_tx", "optax.sgd(eta)")
 
+  def accumulator(p: Any) -> jax.Array:
+    # float32 for floating leaves of lower precision (bf16/f16 sums lose the small gradients).
+    low = jnp.issubdtype(p.dtype, jnp.floating) and jnp.dtype(p.dtype).itemsize < 4
+    return jnp.zeros(jnp.shape(p), jnp.float32 if low else p.dtype)
+
   def init_fn(params: PyTree) -> ServerState:
     return ServerState(
       params=params,
       opt_state=server_tx.init(params),
-      grad_sum=jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), accumulator_dtype(p.dtype)), params),
+      grad_sum=jax.tree.map(accumulator, params),
       count=jnp.zeros([], jnp.int32),
       worker_counts=jnp.zeros([num_workers], jnp.int32),
       num_rejected=jnp.zeros([], jnp.int32),
