@@ -60,11 +60,6 @@ def _keep_sigterm_handler() -> Iterator[None]:
     ray_utils.set_sigterm_handler = original
 
 
-# Call arguments up to 1 MiB (a fold of a small model's messages) travel inline in the call,
-# not through the object store (``docs/ALADDIN-ray.md``, "Priority, accelerators", says why).
-LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": 1 << 20}
-
-
 def connect(
   address: str | None = None,
   *,
@@ -133,7 +128,9 @@ def connect(
       configure_logging=True,
       logging_level=logging.WARNING,
       _node_ip_address="127.0.0.1",
-      _system_config=LOCAL_SYSTEM_CONFIG,
+      # Call arguments up to 1 MiB (a fold of a small model's messages) travel inline in the
+      # call, not through the object store (``docs/ALADDIN-ray.md``, "Priority, accelerators").
+      _system_config={"max_direct_call_object_size": 1 << 20},
       _temp_dir=None if temp_dir is None else os.path.abspath(temp_dir),
     )
   tighten_local_files()

@@ -177,13 +177,12 @@ class Runtime:
     if since_progress < self.stall_timeout:
       return
     reason = "its GCS does not accept connections" if not bootstrap.gcs_reachable() else "no answer"
-    if self.config.checkpoint_dir:
-      resume = (
-        f"The shards' last checkpoints are under {self.config.checkpoint_dir!r}: restart the "
-        "cluster and run again with the same checkpoint_dir to resume."
-      )
-    else:
-      resume = "Nothing was checkpointed (checkpoint_dir=None): the run cannot be resumed."
+    resume = (
+      f"The shards' last checkpoints are under {self.config.checkpoint_dir!r}: restart the "
+      "cluster and run again with the same checkpoint_dir to resume."
+      if self.config.checkpoint_dir
+      else "Nothing was checkpointed (checkpoint_dir=None): the run cannot be resumed."
+    )
     raise ClusterLostError(
       f"Lost the Ray cluster: {reason}, and no worker reported progress for "
       f"{since_progress:.0f} s. {resume}"

@@ -105,10 +105,6 @@ class Compute:
     return None
 
 
-def _mean_models(models: list[PyTree]) -> PyTree:
-  return jax.tree.map(lambda *v: sum(v[1:], v[0]) / len(v), *models)
-
-
 class Training(Compute):
   """The training mode: the spec's worker program and server on the problem's batches.
 
@@ -126,7 +122,8 @@ class Training(Compute):
     self.eval_fn = jax.jit(lambda p, x, y: (loss_fn(p, (x, y)), accuracy_fn(p, (x, y))))
     program = self.program = spec.program(loss_fn, num_workers)
     self.step_fn, self.apply_fn = jax.jit(program.step), jax.jit(program.apply)
-    self.mean_params = jax.jit(lambda states: _mean_models([program.params(s) for s in states]))
+    mean = lambda *v: sum(v[1:], v[0]) / len(v)
+    self.mean_params = jax.jit(lambda states: jax.tree.map(mean, *map(program.params, states)))
     self.server = spec.server(num_workers)
     if self.server is not None:
       self.receive_fn = jax.jit(self.server.receive)
