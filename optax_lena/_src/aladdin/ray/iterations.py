@@ -425,10 +425,8 @@ class SgpIteration(Iteration):
     mixed, wait = self._receive(deadline)
     if not mixed:
       return {**_stats(0.0, 0.0, wait), "skipped": 1.0}
-    k = local.iteration
-    (local.state, flat, local.last_loss), compute = timed(
-      self.plain, local.state, next(local.batches)
-    )
+    k, batch = local.iteration, next(local.batches)
+    (local.state, flat, local.last_loss), compute = timed(self.plain, local.state, batch)
     sleep = local.sleep_for(compute)
     weight = float(local.state.weight)
     local.transport.post(self.gossip.peer(local.index, k), k, (np.asarray(flat), weight))

@@ -28,12 +28,7 @@ class ServerShard:
   """Shard ``shard`` of the global model (a Ray actor; plain class here)."""
 
   def __init__(
-    self,
-    shard: int,
-    params: np.ndarray,
-    config: Config,
-    threads: int | None = None,
-    nice: int = 0,
+    self, shard: int, params: np.ndarray, config: Config, threads: int | None = None, nice: int = 0
   ):
     self.threads_limited = limit_intra_op_threads(threads)
     if nice:
