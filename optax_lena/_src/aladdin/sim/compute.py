@@ -168,9 +168,7 @@ class Training(Compute):
     return message
 
   def cluster_step(self, workers: Sequence[Any]) -> tuple[PyTree, PyTree]:
-    batches = [next(w.batches) for w in workers]
-    xs = np.stack([b[0] for b in batches])
-    ys = np.stack([b[1] for b in batches])
+    xs, ys = (np.stack(part) for part in zip(*[next(w.batches) for w in workers], strict=True))
     state, loss, messages, total = self._run(self.cluster_step_fn, workers[0].state, xs, ys)
     for w in workers:
       w.state = state

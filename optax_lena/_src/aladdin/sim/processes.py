@@ -48,13 +48,12 @@ class AladdinProcess(Process):
       self.push(w, message)
 
   def push(self, w: AladdinWorker, message: Any) -> None:
-    e = self.engine
     w.messages += 1
     w.leaving.append(self.to_shards(w, message))
     # Line 4 of Algorithm 1: merge the replies that arrived during this iteration.
     for reply in w.inbox:
       self.compute.apply(w, reply)
-      e.log("merge", w.index)
+      self.engine.log("merge", w.index)
     w.inbox = []
     self.count_samples(self.batch_size)
     self.begin(w)
@@ -88,12 +87,11 @@ class ArSgdProcess(Process):
   arrived = 0  # workers at the barrier
 
   def computed(self, w: SimWorker) -> None:
-    e = self.engine
     self.computed_step(w, step=False)
     self.arrived += 1
     if self.arrived == self.n:
       self.arrived = 0
-      e.at(e.now + self.cluster.allreduce_time(self.nbytes), self.reduced)
+      self.engine.at(self.engine.now + self.cluster.allreduce_time(self.nbytes), self.reduced)
 
   def reduced(self) -> None:
     self.compute.cluster_step(self.workers)
@@ -158,12 +156,11 @@ class SgpProcess(Process):
     super().start()
 
   def computed(self, w: SgpWorker) -> None:
-    e = self.engine
     k = w.iterations
     message = self.computed_step(w)
     w.messages += 1
     peer, nic = self.workers[self.gossip.peer(w.index, k)], self.cluster.worker_nic
-    e.send(nic(w.index), nic(peer.index), self.nbytes, self.peer_arrive, peer, k, message)
+    self.engine.send(nic(w.index), nic(peer.index), self.nbytes, self.peer_arrive, peer, k, message)
     self.count_samples(self.batch_size)
     if k == 0:
       self.begin(w)
