@@ -33,9 +33,7 @@ def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> P
     The mean gradient tree (float32 accumulation for lower-precision leaves, cast back).
   """
 
-  def mean(x, axis=0):
-    return jnp.mean(x.astype(_compute_dtype(x.dtype)), axis=axis).astype(x.dtype)
-
+  mean = lambda x: jnp.mean(x.astype(_compute_dtype(x.dtype)), axis=0).astype(x.dtype)
   if stacked:
     return jax.tree.map(mean, grads)
   if not isinstance(grads, list | tuple) or not grads:
@@ -105,9 +103,7 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
     updates, opt_state = server_tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
 
-    def keep(new, old):
-      return jnp.where(finite, new, old)
-
+    keep = lambda new, old: jnp.where(finite, new, old)
     state = ASPState(
       params=jax.tree.map(keep, params, state.params),
       opt_state=jax.tree.map(keep, opt_state, state.opt_state),

@@ -99,14 +99,9 @@ def run_once_if(flag: jax.Array, fn: Callable[..., tuple], operands: tuple) -> t
   """``fn(*operands)`` when ``flag`` (a bool scalar), else ``operands``, as a loop of zero or
   one iteration: XLA updates loop-carried buffers in place, where XLA:CPU copies the operands
   that ``lax.cond`` passes through (more than twice the cost of a non-triggering message)."""
-
-  def body(carry):
-    return (carry[0] + 1, *fn(*carry[1:]))
-
-  out = jax.lax.while_loop(
-    lambda carry: carry[0] < flag.astype(jnp.int32), body, (jnp.int32(0), *operands)
-  )
-  return tuple(out[1:])
+  cond = lambda carry: carry[0] < flag.astype(jnp.int32)
+  body = lambda carry: (carry[0] + 1, *fn(*carry[1:]))
+  return tuple(jax.lax.while_loop(cond, body, (jnp.int32(0), *operands))[1:])
 
 
 def zeros_in_place(tree: PyTree) -> PyTree:
@@ -213,8 +208,7 @@ def parameter_server(
     count = state.count + 1
     trigger = accept & (worker_count >= period)
 
-    def accumulate(grad_sum):
-      return jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+    accumulate = lambda grad_sum: jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
 
     def global_update(params, opt_state, grad_sum):
       # The triggering gradient is added here, in the same pass as the step.

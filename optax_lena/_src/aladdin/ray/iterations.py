@@ -386,9 +386,7 @@ class SgpIteration(Iteration):
       state, (numerator, _), loss = program.step(state, batch)
       return state, layout.ravel(numerator), loss
 
-    def mix(state, message, message_weight):
-      return program.apply(state, (layout.unravel(message), message_weight))
-
+    mix = lambda state, message, weight: program.apply(state, (layout.unravel(message), weight))
     self.plain, self.mix = jax.jit(step), jax.jit(mix)
 
   @staticmethod
