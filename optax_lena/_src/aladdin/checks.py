@@ -116,8 +116,7 @@ def check_worker(worker: Any, num_workers: int) -> None:
 
 def check_like_params(tree: PyTree, params: PyTree, what: str, fix: str) -> None:
   """``tree`` has the structure, shapes and dtypes of ``params`` (trace-time check)."""
-  # Typed Any: jax's PyTreeDef stubs do not declare comparisons.
-  t_struct: Any = jax.tree.structure(tree)
+  t_struct: Any = jax.tree.structure(tree)  # Any: PyTreeDef's stubs lack comparisons
   p_struct: Any = jax.tree.structure(params)
   if t_struct != p_struct:
     raise ValueError(

@@ -99,8 +99,7 @@ def connect(
     host, _, port = address.rpartition(":")
     if host and port.isdigit() and "://" not in address:
       try:
-        with socket.create_connection((host, int(port)), timeout=5.0):
-          pass
+        socket.create_connection((host, int(port)), timeout=5.0).close()
       except OSError as err:
         raise ClusterLostError(
           f"Could not join the Ray cluster at {address!r}: {err}. Check the address (the head "

@@ -123,7 +123,6 @@ class Ring:
     self.messages, self.replies = _views(self._mmap, self.shape, self.dtype)
 
   def write(self, region: int, messages: list[np.ndarray]) -> None:
-    """Writes a call's messages into its region."""
     rows = self.messages[region]
     for row, message in enumerate(messages):
       rows[row] = message

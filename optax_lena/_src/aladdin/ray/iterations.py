@@ -202,9 +202,8 @@ class Served(Iteration):
     return super().local_params()
 
   def flush(self) -> float:
-    outbox = self.local.transport
-    wait = outbox.flush()
-    self.accept(outbox.take())
+    wait = self.local.transport.flush()
+    self.accept(self.local.transport.take())
     self.merge_pending()
     return wait
 

@@ -76,5 +76,4 @@ class FlatLayout:
     return [vector[..., a:b] for a, b in zip(self.bounds, self.bounds[1:], strict=False)]
 
   def join(self, slices: list[np.ndarray]) -> np.ndarray:
-    """The vector of the shards' slices."""
     return np.concatenate([np.asarray(s) for s in slices], axis=-1)

@@ -36,8 +36,7 @@ class ServerShard:
     self.shard, self.config = shard, config
     self.size, self.dtype = params.shape[-1], params.dtype
     self.counts = {"received": 0, "calls": 0, "rejected_malformed": 0, "global_updates": 0}
-    self.since_checkpoint = 0
-    self.num_checkpoints = 0
+    self.since_checkpoint = self.num_checkpoints = 0
     self.restored_updates = -1
     server = config.spec.server(config.num_workers)
     plan = config.plan

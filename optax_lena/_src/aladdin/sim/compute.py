@@ -185,7 +185,6 @@ class Training(Compute):
     worker.state = self._run(self.apply_fn, worker.state, reply)
 
   def final_params(self) -> PyTree:
-    """The evaluated model."""
     if self.server is not None:
       return self.server_state.params
     if self.spec.synchronous:
