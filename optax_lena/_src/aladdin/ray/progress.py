@@ -20,9 +20,8 @@ class Progress:
     log_every: float = 15.0,
     stream: TextIO | None = None,
   ):
-    self.total, self.unit, self.log_every = total, unit, log_every
+    self.total, self.unit, self.log_every, self.enabled = total, unit, log_every, enabled
     self.stream = stream if stream is not None else sys.stderr
-    self.enabled = enabled
     self._bar: Any = None
     self._last = time.monotonic()
     if not enabled or not self.stream.isatty():

@@ -93,8 +93,7 @@ def save(manager: Any, updates: int, payload: Any) -> None:
 
   manager.save(updates, args=ocp.args.StandardSave(payload))
   manager.wait_until_finished()
-  step_dir = Path(manager.directory) / str(updates)
-  digest.write_digest(step_dir, updates, digest.tree_digest(payload))
+  digest.write_digest(Path(manager.directory) / str(updates), updates, digest.tree_digest(payload))
 
 
 def restore(manager: Any, checkpoint_dir: str | os.PathLike, shard: int, target: Any) -> Any:
@@ -108,8 +107,7 @@ def restore(manager: Any, checkpoint_dir: str | os.PathLike, shard: int, target:
 
   tried = []
   for step in _steps(Path(manager.directory)):
-    step_dir = Path(manager.directory) / str(step)
-    record, reason = digest.check_files(step_dir)
+    record, reason = digest.check_files(Path(manager.directory) / str(step))
     if record is not None:
       try:
         payload = manager.restore(step, args=ocp.args.StandardRestore(target))
