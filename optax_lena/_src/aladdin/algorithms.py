@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -110,8 +110,7 @@ class Spec:
 
   def _tx(self) -> optax.GradientTransformation:
     self.check_trainable()
-    tx: optax.GradientTransformation = getattr(self, self.optimizer_field)
-    return tx
+    return cast(optax.GradientTransformation, getattr(self, self.optimizer_field))
 
 
 def _gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:

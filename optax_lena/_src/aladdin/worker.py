@@ -55,8 +55,7 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
     return ((1 - a) * x.astype(dtype) + a * g.astype(dtype)).astype(x.dtype)
 
   pairs = zip(jax.tree.leaves(params), jax.tree.leaves(global_params), alphas, strict=True)
-  leaves = [merge(x, g, a) for x, g, a in pairs]
-  return jax.tree.unflatten(structure, leaves)
+  return jax.tree.unflatten(structure, [merge(x, g, a) for x, g, a in pairs])
 
 
 def local_optimizer(
