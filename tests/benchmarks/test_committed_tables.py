@@ -188,7 +188,11 @@ def test_aladdin_reproduction_report_only(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
   "study, result, expected",
-  [("ray_efficiency", "efficiency.json", 2), ("call_cost", "call_cost.json", 1)],
+  [
+    ("ray_efficiency", "efficiency.json", 2),
+    ("call_cost", "call_cost.json", 1),
+    ("receive_cost", "receive_cost.json", 2),
+  ],
 )
 def test_aladdin_ray_report_only(tmp_path, monkeypatch, study, result, expected):
   import importlib

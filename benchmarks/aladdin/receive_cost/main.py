@@ -3,6 +3,11 @@
 Run from the repository root::
 
   python -m benchmarks.aladdin.receive_cost.main [--quick] [--repeats N] [--period 4]
+  python -m benchmarks.aladdin.receive_cost.main --report_only   # tables and plot from the JSON
+
+It writes ``results/receive_cost.json`` (every candidate's best and median seconds per message
+and their ratios; its ``recorded`` field holds the commit, date, load and command) and
+``results/receive_cost.png`` beside it (``--out`` moves both).
 
 Every number printed is a RATIO measured side by side in one run: each function is jitted with
 its state donated (as a server would run it) and warmed up, then the candidates run interleaved
@@ -48,7 +53,9 @@ if __name__ == "__main__":
 
 import argparse
 import functools
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -200,51 +207,140 @@ def measure(shapes, repeats: int, period: int) -> dict[str, tuple[float, float]]
   return {name: (float(np.min(ts)), float(np.median(ts))) for name, ts in times.items()}
 
 
-def report(label: str, shapes, repeats: int, period: int) -> list[str]:
-  measured = measure(shapes, repeats, period)
-  n_params = sum(int(np.prod(s)) for s in shapes.values())
-  lines = [
-    f"{label}: {n_params / 1e6:.2f} M params, {len(shapes)} leaves, period {period}",
-    f"  {'':48s} {'best':>9s} {'ratio':>6s}  {'median':>9s} {'ratio':>6s}",
-  ]
+def rows(measured: dict[str, tuple[float, float]], period: int) -> list[dict[str, Any]]:
+  """The report's rows: each candidate's (best, median) seconds per message and their ratios to
+  the ``optax.sgd`` step's."""
+  out = []
+  b0, m0 = measured["sgd"]
 
-  def row(what: str, name_or_times) -> str:
-    if isinstance(name_or_times, str):
-      best, med = measured[name_or_times]
-    else:
-      best, med = name_or_times
-    b0, m0 = measured["sgd"]
-    return (
-      f"  {what:48s} {best * 1e3:7.3f}ms {best / b0:5.2f}x  {med * 1e3:7.3f}ms {med / m0:5.2f}x"
+  def row(what: str, best: float, median: float) -> None:
+    out.append(
+      {"what": what, "best_s": best, "median_s": median, "best": best / b0, "median": median / m0}
     )
 
-  lines.append(row("optax.sgd step (update + apply_updates)", "sgd"))
+  row("optax.sgd step (update + apply_updates)", *measured["sgd"])
   for variant in ("receive", "serve", "serve_flat", "serve_flat_verified"):
     per = [measured[f"{variant}[{k}]"] for k in range(period)]
     if period > 1:
-      non_trigger = tuple(float(np.median([p[i] for p in per[:-1]])) for i in range(2))
-      lines.append(row(f"{variant}: non-trigger message", non_trigger))
-    lines.append(row(f"{variant}: trigger message", per[-1]))
-    amortised = tuple(float(np.mean([p[i] for p in per])) for i in range(2))
-    lines.append(row(f"{variant}: amortised over {period} messages", amortised))
-  lines.append(row("Ray shard's call, one period folded: per message", "shard_fold"))
-  lines.append(row("  the same with recheck_messages=True", "shard_fold_recheck"))
-  lines.append(row("accumulate_only (g~ += g, the floor)", "accumulate_only"))
-  lines.append(row("check_only (the finiteness check alone)", "check_only"))
-  return lines
+      non_trigger = [float(np.median([p[i] for p in per[:-1]])) for i in range(2)]
+      row(f"{variant}: non-trigger message", *non_trigger)
+    row(f"{variant}: trigger message", *per[-1])
+    row(
+      f"{variant}: amortised over {period} messages",
+      *(np.mean([p[i] for p in per]) for i in range(2)),
+    )
+  row("Ray shard's call, one period folded: per message", *measured["shard_fold"])
+  row("  the same with recheck_messages=True", *measured["shard_fold_recheck"])
+  row("accumulate_only (g~ += g, the floor)", *measured["accumulate_only"])
+  row("check_only (the finiteness check alone)", *measured["check_only"])
+  return [{k: float(v) if k != "what" else v for k, v in r.items()} for r in out]
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def tree_result(label: str, shapes, repeats: int, period: int) -> dict[str, Any]:
+  """One tree measured: its size and its rows."""
+  n_params = sum(int(np.prod(s)) for s in shapes.values())
+  measured = measure(shapes, repeats, period)
+  return {
+    "tree": label,
+    "params": n_params,
+    "leaves": len(shapes),
+    "period": period,
+    "rows": rows(measured, period),
+  }
+
+
+def report(label: str, shapes, repeats: int, period: int) -> list[str]:
+  """Measures one tree and returns its printed lines."""
+  return lines(tree_result(label, shapes, repeats, period))
+
+
+def lines(tree: dict[str, Any]) -> list[str]:
+  out = [
+    f"{tree['tree']}: {tree['params'] / 1e6:.2f} M params, {tree['leaves']} leaves, "
+    f"period {tree['period']}",
+    f"  {'':48s} {'best':>9s} {'ratio':>6s}  {'median':>9s} {'ratio':>6s}",
+  ]
+  for r in tree["rows"]:
+    out.append(
+      f"  {r['what']:48s} {r['best_s'] * 1e3:7.3f}ms {r['best']:5.2f}x  "
+      f"{r['median_s'] * 1e3:7.3f}ms {r['median']:5.2f}x"
+    )
+  return out
+
+
+def table(trees: list[dict[str, Any]]) -> str:
+  """One markdown table per tree: ratios to the ``optax.sgd`` step, best and median."""
+  parts = []
+  for tree in trees:
+    header = [
+      f"{tree['tree']} ({tree['params'] / 1e6:.1f} M params, {tree['leaves']} leaves)",
+      "best",
+      "median",
+      "best ms",
+    ]
+    body = [
+      [r["what"].strip(), f"{r['best']:.2f}x", f"{r['median']:.2f}x", f"{r['best_s'] * 1e3:.3f}"]
+      for r in tree["rows"]
+    ]
+    parts.append(harness.markdown_table(header, body))
+  return "\n\n".join(parts)
+
+
+def plot(trees: list[dict[str, Any]], path: Path) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, len(trees), figsize=(6 * len(trees), 4.5), sharey=True)
+  for ax, tree in zip(np.atleast_1d(axes), trees, strict=True):
+    names = [r["what"].strip() for r in tree["rows"]]
+    y = np.arange(len(names))
+    ax.barh(y - 0.2, [r["best"] for r in tree["rows"]], 0.4, label="best")
+    ax.barh(y + 0.2, [r["median"] for r in tree["rows"]], 0.4, label="median")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(y, names, fontsize=7)
+    ax.set_xlabel("time per message / one optax.sgd step")
+    ax.set_title(tree["tree"], fontsize=9)
+    ax.legend(fontsize=8)
+  np.atleast_1d(axes)[0].invert_yaxis()  # the y axis is shared: once for both
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> str:
+  """Measures (or with ``--report_only`` reads) both trees; returns and prints the tables."""
+  parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="few repeats (a smoke run)")
   parser.add_argument("--repeats", type=int, default=30)
   parser.add_argument("--period", type=int, default=4)
   parser.add_argument("--system-malloc", action="store_true", help="keep glibc's defaults")
-  args = parser.parse_args()
-  repeats = 3 if args.quick else args.repeats
-  print(f"jax {jax.__version__}, optax {optax.__version__}, device {jax.devices()[0]}")
-  for label, shapes in (("ResNet-50 (CIFAR-10)", resnet50_shapes()), ("MLP", mlp_shapes())):
-    print("\n".join(report(label, shapes, repeats, args.period)))
+  parser.add_argument(
+    "--out", type=Path, default=Path(__file__).resolve().parent / "results" / "receive_cost.json"
+  )
+  parser.add_argument("--report_only", action="store_true", help="tables and plot from --out")
+  args = parser.parse_args(argv)
+  if args.report_only:
+    trees = json.loads(args.out.read_text())["trees"]
+  else:
+    repeats = 3 if args.quick else args.repeats
+    print(f"jax {jax.__version__}, optax {optax.__version__}, device {jax.devices()[0]}")
+    trees = []
+    for label, shapes in (("ResNet-50 (CIFAR-10)", resnet50_shapes()), ("MLP", mlp_shapes())):
+      trees.append(tree_result(label, shapes, repeats, args.period))
+      print("\n".join(lines(trees[-1])), flush=True)
+    results = {
+      "recorded": harness.recorded(),
+      "machine": harness.machine_info(),
+      "repeats": repeats,
+      "trees": trees,
+    }
+    harness.write_json(args.out, results)
+  plot(trees, args.out.with_suffix(".png"))
+  text = table(trees)
+  print(text)
+  return text
 
 
 if __name__ == "__main__":
