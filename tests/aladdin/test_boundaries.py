@@ -64,7 +64,9 @@ def test_each_engine_has_its_own_folder() -> None:
     "algorithms.py",
     "baselines.py",
     "checks.py",
+    "folding.py",
     "server.py",
+    "server_step.py",
     "worker.py",
   ], loose
   assert (src / "sim" / "simulator.py").is_file() and (src / "ray" / "driver.py").is_file()

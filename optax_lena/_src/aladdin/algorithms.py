@@ -2,8 +2,7 @@
 
 A frozen, validated spec per algorithm carries its pure pieces, the worker side
 (:meth:`Spec.program`) and the server (:meth:`Spec.server`); the registry maps a name to its spec
-and to the message pattern each engine attached (:func:`attacher`). ``docs/ALADDIN.md`` (section
-4b) describes both.
+and to the message pattern each engine attached (:func:`attacher`).
 """
 
 from __future__ import annotations
@@ -40,11 +39,21 @@ class Server(Protocol):
 
 @runtime_checkable
 class Result(Protocol):
-  """What a run reports on either engine (``sim.SimResult``, ``ad.RunResult``): ``algorithm``,
-  ``samples``, ``throughput`` (samples per second), per worker ``iterations`` and
-  ``wait_fraction`` (its share of time blocked on other processes), the ``curve`` of ``(seconds,
-  metric)`` evaluations of the global model, ``final_params`` (that model at the end) and a
-  JSON-friendly ``summary()``. Seconds are simulated in the simulator, wall-clock on Ray."""
+  """What a run reports on either engine (``sim.SimResult``, ``ad.RunResult``).
+
+  Seconds are simulated in the simulator, wall-clock on Ray; ``isinstance(result, al.Result)``
+  holds for both engines' results.
+
+  Attributes:
+    algorithm: the algorithm's registered name.
+    samples: training samples processed, all workers.
+    throughput: samples per second.
+    iterations: per worker, the local iterations it ran.
+    wait_fraction: per worker, its share of the run spent blocked on other processes.
+    curve: ``(seconds, metric)`` of every evaluation of the global model.
+    final_params: the global model at the end.
+    summary: ``summary()``, a JSON-friendly dict of the run.
+  """
 
   algorithm: str
   samples: int
@@ -65,12 +74,21 @@ class Result(Protocol):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Spec:
-  """The options every algorithm has (subclass per algorithm; build with :func:`algorithm`).
+  """Base of every algorithm's frozen, validated spec; build one with :func:`algorithm`.
+
+  A spec holds an algorithm's options and builds its pure pieces, which both engines run: the
+  worker side (:meth:`program`) and the server (:meth:`server`). A subclass per algorithm sets
+  the class attribute ``name`` and adds its options as fields; :func:`register` files it under
+  its name. A wrong value raises at construction, with the fix in the message.
 
   Attributes:
     worker_tx: the workers' optimizer (``al.local_optimizer(eta)`` is the paper's). Needed to
       train (not in the simulator's timing-only mode); unused by ASP.
     label: a display name for the caller's reports (the engines do not read it).
+    name: (class attribute) the registered name.
+    optimizer_field: (class attribute) the field that holds the optimizer that trains the
+      model, which ``algorithm(name, optimizer=tx)`` sets (``"worker_tx"``; ASP's
+      ``"server_tx"``).
   """
 
   name: ClassVar[str]
@@ -91,7 +109,7 @@ class Spec:
       raise TypeError(f"label must be a str, got {self.label!r}.")
 
   def check_trainable(self) -> None:
-    """Raises, naming the missing option, when this spec cannot train (only time)."""
+    """Raises a ValueError naming the missing option when this spec cannot train (only time)."""
     if self.worker_tx is None:
       raise ValueError(
         f"Training {self.name} needs the workers' optimizer: algorithm({self.name!r}, "
@@ -126,8 +144,14 @@ def _gradient_step(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Aladdin(Spec):
-  """ALADDIN (Algorithms 1 and 2): wait-free pushes, lazy global updates every ``period``; the
-  defaults are the recommended recipe.
+  """ALADDIN: wait-free workers and a server that replies to each once every ``period`` messages.
+
+  Every worker runs :func:`local_step` and pushes its message without waiting; the server is
+  :func:`parameter_server` with this spec's options, and a worker merges each reply by Eq. 3
+  (:func:`worker_merge`). The defaults are the recommended recipe (update messages, the plain
+  average on the server, ``period=4``, ``alpha=0.5``), so ``Aladdin(worker_tx=tx)`` needs no
+  server optimizer; the paper's literal reading is ``message="gradient",
+  server_tx=optax.sgd(eta), alpha="count"``.
 
   Attributes:
     message: ``"update"`` (the worker's displacement, the recipe) or ``"gradient"`` (Algorithm
@@ -139,6 +163,11 @@ class Aladdin(Spec):
     alpha: the merge weight: ``"count"`` (Algorithm 2), ``"n_pi"`` (Section 3.2) or a float.
     reply_every: forward the server's reply to a worker only once every ``reply_every`` of its
       messages (None: every reply; the simulator's ablation).
+
+  References:
+    Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021: Algorithms 1 and 2, Eq. 3.
+
   """
 
   name: ClassVar[str] = "aladdin"
@@ -198,7 +227,12 @@ class Aladdin(Spec):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArSgd(Spec):
-  """AR-SGD: a barrier every iteration, ``worker_tx`` steps on the mean of the n gradients."""
+  """AR-SGD: a barrier every iteration, ``worker_tx`` steps on the mean of the n gradients.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017; the
+    AR-SGD baseline of Ko et al., CIKM 2021.
+  """
 
   name: ClassVar[str] = "ar_sgd"
   synchronous: ClassVar[bool] = True
@@ -219,9 +253,13 @@ class ArSgd(Spec):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Symmetric(Spec):
-  """Base of the algorithms whose workers exchange with a server and wait for its answer (ASP,
-  EASGD); both engines attach their exchange pattern to it, so a registered subclass that
-  defines :meth:`Spec.program` and :meth:`Spec.server` runs on both."""
+  """Base of the algorithms whose workers exchange with a server and wait for its answer.
+
+  ASP and EASGD are its subclasses. Both engines attach their exchange pattern to this class
+  (after every ``exchange_every``-th local step the worker sends its message and applies the
+  reply before its next step), so a registered subclass that defines :meth:`Spec.program` and
+  :meth:`Spec.server` runs on both, the Ray PS shards included.
+  """
 
   @property
   def exchange_every(self) -> int:
@@ -231,11 +269,18 @@ class Symmetric(Spec):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Asp(Symmetric):
-  """ASP (Hogwild): a worker sends its gradient and adopts the server's answer.
+  """ASP (Hogwild through a server): a worker sends its gradient and adopts the server's answer.
+
+  The server is :func:`asp_server`; the workers have no optimizer, so ``worker_tx`` must be left
+  out (``algorithm("asp", optimizer=tx)`` sets ``server_tx``).
 
   Attributes:
     server_tx: the server's optimizer, applied to every gradient at once (``optax.sgd(eta)``:
       the printed step; the paper's server ran momentum SGD).
+
+  References:
+    Recht, Re, Wright and Niu, "Hogwild!", NeurIPS 2011, Algorithm 1; the ASP baseline of Ko et
+    al., CIKM 2021.
   """
 
   name: ClassVar[str] = "asp"
@@ -273,9 +318,16 @@ class Asp(Symmetric):
 class Easgd(Symmetric):
   """EASGD: local steps; every ``tau`` of them a symmetric elastic exchange with the server.
 
+  The server is :func:`easgd_server`; the worker's message is its model and the answer its
+  new model, which it adopts.
+
   Attributes:
-    tau: local steps between exchanges (the paper: 2).
-    beta: the elastic moving rate in (0, 1] (None: 0.9 / n, the paper's).
+    tau: local steps between exchanges (the ALADDIN paper's baseline: 2).
+    beta: the elastic moving rate in (0, 1] (None: 0.9 / n).
+
+  References:
+    Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015,
+    Algorithm 1 (asynchronous EASGD).
   """
 
   name: ClassVar[str] = "easgd"
@@ -312,8 +364,16 @@ class Easgd(Symmetric):
 class Sgp(Spec):
   """SGP: push-sum gossip over a directed exponential graph (no server).
 
+  Its pieces are :func:`sgp`'s: each worker steps on its de-biased model, keeps half of its
+  push-sum numerator and weight and sends the other half to one peer per iteration. The model
+  evaluated is the average of the workers' de-biased models.
+
   Attributes:
     overlap: 1 (a worker mixes the message sent to it one iteration earlier; the paper's) or 0.
+
+  References:
+    Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
+    Learning", ICML 2019, Algorithm 1 and its overlap variant.
   """
 
   name: ClassVar[str] = "sgp"
@@ -396,7 +456,34 @@ _PATTERNS: dict[tuple[type, str], Any] = {}
 
 
 def register(spec: type[Spec]) -> type[Spec]:
-  """Registers an algorithm's spec class under its ``name`` (usable as a class decorator)."""
+  """Registers an algorithm's spec class under its ``name``; usable as a class decorator.
+
+  Both engines then build the algorithm by name (:func:`algorithm`); each runs it with the
+  message pattern attached to its name or to its nearest base class (a :class:`Symmetric`
+  subclass runs on both engines as it is).
+
+  Args:
+    spec: a :class:`Spec` subclass with a class attribute ``name: ClassVar[str]``.
+
+  Returns:
+    ``spec`` itself.
+
+  Raises:
+    TypeError: ``spec`` is not a :class:`Spec` subclass with a ``name``.
+    ValueError: another class is registered under that name.
+
+  Examples:
+    >>> import dataclasses
+    >>> from typing import ClassVar
+    >>> from optax_lena import aladdin as al
+    >>> @al.register
+    ... @dataclasses.dataclass(frozen=True, kw_only=True)
+    ... class Toy(al.Symmetric):
+    ...   name: ClassVar[str] = "toy"
+    >>> type(al.algorithm("toy")).__name__
+    'Toy'
+    >>> al.unregister("toy")
+  """
   named = isinstance(getattr(spec, "name", None), str)
   if not (isinstance(spec, type) and issubclass(spec, Spec) and named):
     raise TypeError("register takes a Spec subclass with a class attribute name: ClassVar[str].")
@@ -407,7 +494,11 @@ def register(spec: type[Spec]) -> type[Spec]:
 
 
 def unregister(name: str) -> None:
-  """Removes a registered algorithm (e.g. a toy one registered by a test)."""
+  """Removes a registered algorithm (e.g. a toy one registered by a test); see :func:`register`.
+
+  Args:
+    name: the algorithm's name; an unknown name is ignored.
+  """
   _REGISTRY.pop(name, None)
 
 
@@ -449,15 +540,43 @@ def entry(name: str) -> Entry:
 def algorithm(
   name: str, *, optimizer: optax.GradientTransformation | None = None, **options: Any
 ) -> Spec:
-  """The validated spec of algorithm ``name`` with ``options``.
+  """The validated spec of a registered algorithm, which the simulator and the Ray runtime run.
+
+  Every option has one spelling in both engines. The specs are :class:`Aladdin`,
+  :class:`ArSgd`, :class:`Asp`, :class:`Easgd` and :class:`Sgp` (and any :func:`register`-ed
+  one); ``spec.program(loss_fn, n)`` is its worker side and ``spec.server(n)`` its server.
 
   Args:
     name: ``"aladdin"``, ``"ar_sgd"``, ``"asp"``, ``"easgd"``, ``"sgp"`` or a registered one.
     optimizer: the optimizer that trains the model, whichever field holds it (the spec's
       ``optimizer_field``: ``worker_tx``, ASP's ``server_tx``); one call builds any spec.
     **options: the spec's fields (``worker_tx``, ``server_tx``, ``message``, ``period``,
-      ``normalise``, ``alpha``, ``tau``, ``beta``, ...); an option the algorithm does not have
-      raises an error listing those it has.
+      ``normalise``, ``alpha``, ``tau``, ``beta``, ...).
+
+  Returns:
+    The frozen spec, an instance of the algorithm's :class:`Spec` subclass.
+
+  Raises:
+    ValueError: ``name`` is not registered (the message lists the names), or an option's
+      value is wrong (the message names the fix).
+    TypeError: the algorithm has no such option (the message lists those it has), both
+      ``optimizer`` and the field it sets are given, or an option has the wrong type.
+
+  References:
+    Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021: Algorithms 1 and 2 (ALADDIN) and the baselines of its experiments.
+
+  Examples:
+    >>> import optax
+    >>> from optax_lena import aladdin as al
+    >>> spec = al.algorithm("aladdin", worker_tx=al.local_optimizer(0.1))  # the recipe
+    >>> spec.message, spec.period, spec.alpha, spec.server(8).normalise
+    ('update', 4, 0.5, 'mean_of_locals')
+    >>> al.algorithm("asp", optimizer=optax.sgd(0.1)).optimizer_field
+    'server_tx'
+    >>> al.algorithm("easgd", period=2)
+    Traceback (most recent call last):
+    TypeError: easgd has no option 'period'; its options are ('worker_tx', 'label', 'tau', 'beta').
   """
   spec = entry(name).spec
   fields = tuple(f.name for f in dataclasses.fields(spec))

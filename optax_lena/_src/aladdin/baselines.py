@@ -1,5 +1,10 @@
-"""The baselines of the ALADDIN paper (Section 4) in the same pure, jittable terms: AR-SGD, ASP
-(Hogwild), EASGD and SGP (``docs/ALADDIN.md``, section 4)."""
+"""The baselines of the ALADDIN paper in the same pure, jittable terms as its server: AR-SGD's
+all-reduce mean, the ASP (Hogwild) and EASGD servers, and SGP's push-sum gossip.
+
+Every server answers with the one :class:`~optax_lena._src.aladdin.server_step.Reply` type,
+which a worker applies with ``worker_merge``; computations on lower-precision floats are made in
+float32 (:func:`~optax_lena._src.precision.accumulation_dtype`) and cast back.
+"""
 
 from __future__ import annotations
 
@@ -11,29 +16,49 @@ import jax.numpy as jnp
 import optax
 
 from optax_lena._src.aladdin import checks
-from optax_lena._src.aladdin.server import Reply, adopt, all_finite
+from optax_lena._src.aladdin.server_step import Reply, adopt, all_finite
+from optax_lena._src.precision import accumulation_dtype
 
 PyTree = Any
 
 
-def _compute_dtype(dtype: Any) -> Any:
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 def ar_sgd_mean(grads: Sequence[PyTree] | PyTree, *, stacked: bool = False) -> PyTree:
-  """AR-SGD's all-reduce: the mean of the n workers' gradients of one iteration, on which every
-  worker then takes the same ``tx`` step (``jax.lax.pmean`` inside ``pmap``/``shard_map``).
+  """AR-SGD's all-reduce: the mean of the n workers' gradients of one iteration.
+
+  In AR-SGD (synchronous all-reduce SGD) every worker computes a gradient on its own mini-batch,
+  waits for the others at a barrier, and all of them take the same optimizer step on the mean
+  gradient, so the n models stay identical. Inside ``pmap`` or ``shard_map`` the same mean is
+  ``jax.lax.pmean``; this function computes it for gradients gathered in one place, as the
+  simulator does.
 
   Args:
-    grads: a sequence of n gradient trees, or (``stacked=True``) one tree whose leaves have a
-      leading worker axis of size n.
+    grads: a sequence of n gradient trees of one structure, or (``stacked=True``) one tree whose
+      leaves have a leading worker axis of size n.
     stacked: whether ``grads`` is stacked.
 
   Returns:
-    The mean gradient tree (float32 accumulation for lower-precision leaves, cast back).
-  """
+    The mean gradient tree, every leaf in its own dtype (lower-precision floats are averaged in
+    float32 and cast back).
 
-  mean = lambda x: jnp.mean(x.astype(_compute_dtype(x.dtype)), axis=0).astype(x.dtype)
+  Raises:
+    TypeError: ``grads`` is not a non-empty list or tuple (and ``stacked`` is False).
+    ValueError: the workers' trees differ in structure.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017
+    (synchronous data-parallel SGD); the AR-SGD baseline of Ko, Choi, Jei, Lee and Kim,
+    "ALADDIN: Asymmetric Centralized Training for Distributed Deep Learning", CIKM 2021.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_lena import aladdin as al
+    >>> grads = [{"w": jnp.array([1.0, 2.0])}, {"w": jnp.array([3.0, 6.0])}]
+    >>> al.ar_sgd_mean(grads)["w"].tolist()
+    [2.0, 4.0]
+    >>> al.ar_sgd_mean({"w": jnp.array([[1.0, 2.0], [3.0, 6.0]])}, stacked=True)["w"].tolist()
+    [2.0, 4.0]
+  """
+  mean = lambda x: jnp.mean(x.astype(accumulation_dtype(x.dtype)), axis=0).astype(x.dtype)
   if stacked:
     return jax.tree.map(mean, grads)
   if not isinstance(grads, list | tuple) or not grads:
@@ -68,25 +93,51 @@ class ASPState(NamedTuple):
 
 
 class ASPServer(NamedTuple):
-  """ASP (Hogwild) server: ``init(params)``, ``receive(state, grads, worker) -> (state, Reply)``."""
+  """What :func:`asp_server` returns.
+
+  Attributes:
+    init: ``init(params) -> ASPState``.
+    receive: ``receive(state, grads, worker=0) -> (state, Reply)``: one step on ``grads``; the
+      reply adopts the new x~.
+  """
 
   init: Callable[[PyTree], ASPState]
   receive: Callable[[ASPState, PyTree, Any], tuple[ASPState, Reply]]
 
 
 def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
-  """ASP / Hogwild: the server steps at once on every gradient, ``x~ <- x~ + server_tx(g)``, and
-  the waiting worker adopts x~ (``server_tx`` is the only optimizer). A gradient with a NaN or an
-  Inf is ignored (``num_rejected`` + 1, x~ unchanged).
+  """ASP (asynchronous parallel SGD, Hogwild through a server): a step on every gradient.
+
+  A worker sends the gradient at its model and waits; the server applies it at once,
+  ``x~ <- x~ + server_tx(g)`` (``optax.sgd(eta)``: ``x~ - eta g``), and the worker adopts the new
+  x~ (the reply's weight is 1). ``server_tx`` is the only optimizer: the workers have none. A
+  gradient holding a NaN or an Inf is ignored (``num_rejected`` + 1, x~ and the optimizer state
+  unchanged).
 
   Args:
     server_tx: the Optax transformation applied to every gradient.
 
   Returns:
-    An :class:`ASPServer`, whose reply adopts the new x~ (``worker`` is not used).
+    An :class:`ASPServer`, whose ``receive`` ignores ``worker``.
+
+  Raises:
+    TypeError: ``server_tx`` is not an Optax transformation.
+    ValueError: at a call, ``grads`` differs from x~ in structure, a shape or a dtype.
 
   References:
-    Recht et al., Hogwild!, NeurIPS 2011.
+    Recht, Re, Wright and Niu, "Hogwild!: A Lock-Free Approach to Parallelizing Stochastic
+    Gradient Descent", NeurIPS 2011, Algorithm 1 (here through a server, as in the ASP baseline
+    of Ko et al., CIKM 2021).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> from optax_lena import aladdin as al
+    >>> server = al.asp_server(optax.sgd(0.5))
+    >>> state = server.init({"w": jnp.ones(2)})
+    >>> state, reply = server.receive(state, {"w": jnp.array([1.0, -2.0])}, 0)
+    >>> reply.params["w"].tolist(), float(reply.alpha), int(state.num_updates)
+    ([0.5, 2.0], 1.0, 1)
   """
   checks.check_tx(server_tx, "server_tx", "optax.sgd(eta)")
 
@@ -116,15 +167,31 @@ def asp_server(server_tx: optax.GradientTransformation) -> ASPServer:
 
 
 class EASGDState(NamedTuple):
-  """State of :func:`easgd_server`: the center variable x~ and the number of exchanges."""
+  """State of :func:`easgd_server`.
+
+  Attributes:
+    params: the center variable x~.
+    num_exchanges: exchanges so far (int32).
+  """
 
   params: PyTree
   num_exchanges: jax.Array
 
 
 class EASGDServer(NamedTuple):
-  """EASGD server: ``init(params)``, ``receive(state, local_params, worker) -> (state, Reply)``
-  (``exchange``: the same, returning the new local model itself)."""
+  """What :func:`easgd_server` returns.
+
+  Attributes:
+    init: ``init(params) -> EASGDState``: the center starts at ``params``.
+    exchange: ``exchange(state, local_params, worker) -> (state, new_local_params)``: one
+      elastic exchange.
+    num_workers: n.
+    beta: the moving rate.
+    tau: local steps between a worker's exchanges (kept for the caller; the server does not
+      count them).
+    receive: ``receive(state, local_params, worker) -> (state, Reply)``: ``exchange`` with the
+      new local model as a reply of weight 1.
+  """
 
   init: Callable[[PyTree], EASGDState]
   exchange: Callable[[EASGDState, PyTree, Any], tuple[EASGDState, PyTree]]
@@ -135,20 +202,39 @@ class EASGDServer(NamedTuple):
 
 
 def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -> EASGDServer:
-  """Asynchronous EASGD's elastic exchange, every ``tau`` local steps of a worker: with
-  ``d = x_i - x~``, ``x_i <- x_i - beta d`` and ``x~ <- x~ + beta d``.
+  """Asynchronous EASGD's server: the elastic exchange of a worker's model with the center.
+
+  Every ``tau`` local steps a worker sends its model x_i and waits; with ``d = x_i - x~`` the
+  exchange moves both towards each other, ``x_i <- x_i - beta d`` and ``x~ <- x~ + beta d``,
+  and the worker adopts its new model (the reply's weight is 1). Leaf dtypes are kept; the
+  arithmetic is in float32 or wider.
 
   Args:
     num_workers: n.
-    beta: the moving rate in (0, 1]; None for 0.9 / n (the paper's).
-    tau: the communication period in local steps (>= 1); kept on the server for the caller.
+    beta: the moving rate in (0, 1]; None for 0.9 / n (the paper's choice, ``n beta = 0.9``).
+    tau: the communication period in local steps (>= 1), kept on the server for the caller.
 
   Returns:
-    An :class:`EASGDServer`, whose reply adopts the worker's new local model (leaf dtypes are
-    kept; the computation is in float32 or wider).
+    An :class:`EASGDServer`.
+
+  Raises:
+    TypeError: ``num_workers`` is not an int; at a call, ``worker`` is not an integer scalar.
+    ValueError: ``num_workers`` or ``tau`` is below 1, or ``beta`` is outside (0, 1]; at a call,
+      ``local_params`` differs from the center in structure, a shape or a dtype.
+    IndexError: at a call, a concrete ``worker`` outside ``[0, num_workers)``.
 
   References:
-    Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015.
+    Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015,
+    Algorithm 1 (asynchronous EASGD; its moving rate alpha is ``beta`` here).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_lena import aladdin as al
+    >>> server = al.easgd_server(2, beta=0.25)
+    >>> state = server.init({"w": jnp.zeros(2)})
+    >>> state, reply = server.receive(state, {"w": jnp.array([4.0, -4.0])}, 1)
+    >>> reply.params["w"].tolist(), state.params["w"].tolist()  # d = (4, -4), beta d = (1, -1)
+    ([3.0, -3.0], [1.0, -1.0])
   """
   num_workers = checks.check_num_workers(num_workers)
   checks.check_positive_int(tau, "tau", "local steps between exchanges")
@@ -168,7 +254,7 @@ def easgd_server(num_workers: int, *, beta: float | None = None, tau: int = 2) -
     )
 
     def step(x, c):
-      dtype = _compute_dtype(x.dtype)
+      dtype = accumulation_dtype(x.dtype)
       d = jnp.asarray(beta, dtype) * (x.astype(dtype) - c.astype(dtype))
       return (x.astype(dtype) - d).astype(x.dtype), (c.astype(dtype) + d).astype(c.dtype)
 
@@ -205,7 +291,22 @@ class SGPState(NamedTuple):
 
 
 class SGP(NamedTuple):
-  """Stochastic gradient push over a directed exponential graph (see :func:`sgp`)."""
+  """What :func:`sgp` returns: SGP's push-sum pieces, per node and for the whole cluster.
+
+  Attributes:
+    num_workers: n.
+    overlap: 0 or 1, rounds a message stays in flight.
+    num_peers: m, the hops ``2^0 .. 2^(m-1)`` of the exponential graph.
+    init: ``init(params) -> SGPState``: every node at ``params`` with weight 1.
+    peer: ``peer(node, step)``: the node that ``node`` sends to in round ``step``.
+    send: ``send(x, w) -> ((x_kept, w_kept), (x_msg, w_msg))``: halves ``(x, w)``.
+    mix: ``mix(x, w, x_msg, w_msg) -> (x, w)``: adds a received message.
+    debias: ``debias(x, w)``: the model ``x / w`` (leaf dtypes kept).
+    debiased: ``debiased(state)``: every node's model, stacked.
+    apply_updates: ``apply_updates(state, stacked_updates) -> state``: every node's local step,
+      applied to its numerator.
+    gossip: ``gossip(state) -> state``: one synchronous round of every node (``step`` + 1).
+  """
 
   num_workers: int
   overlap: int
@@ -223,22 +324,44 @@ class SGP(NamedTuple):
 def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
   """Stochastic gradient push (SGP): push-sum gossip on a directed exponential graph.
 
-  Node i trains the de-biased model ``x_i / w_i``; in round k it keeps half of ``(x_i, w_i)`` and
-  pushes half to ``(i + 2^(k mod m)) mod n``, ``m = floor(log2(n - 1)) + 1``, and mixes what it
-  receives (with ``overlap=1``, what was sent to it the round before).
-
-  Per-node pieces: ``peer(node, step)``, ``send(x, w) -> ((x_kept, w_kept), (x_msg, w_msg))``,
-  ``mix(x, w, x_msg, w_msg)``, ``debias(x, w)``. Whole-cluster pieces on a stacked
-  :class:`SGPState`: ``init(params)``, ``debiased(state)``, ``apply_updates(state,
-  stacked_updates)``, ``gossip(state)`` (one synchronous round; ``step`` + 1).
+  Node i holds a push-sum numerator x_i and weight w_i and trains the de-biased model
+  ``z_i = x_i / w_i``: its gradient is taken at z_i and its optimizer's update is applied to
+  x_i. In round k it keeps half of ``(x_i, w_i)``, pushes the other half to its one peer
+  ``(i + 2^(k mod m)) mod n``, ``m = floor(log2(n - 1)) + 1``, and adds what it receives (with
+  ``overlap=1``, what was sent to it the round before, so communication overlaps a step). Halving
+  is exact in floating point, so the sums of the numerators and of the weights, messages in
+  flight included, never change. The engines drive the per-node pieces message by message; the
+  whole-cluster pieces run synchronous rounds on a stacked :class:`SGPState`.
 
   Args:
     num_workers: n >= 1.
-    overlap: 0 (a node mixes this round's messages) or 1 (the previous round's; the paper).
+    overlap: 0 (a node mixes this round's messages) or 1 (the previous round's; the paper's
+      1-overlap).
+
+  Returns:
+    An :class:`SGP` of pure, jittable functions.
+
+  Raises:
+    TypeError: ``num_workers`` is not an int.
+    ValueError: ``num_workers`` is below 1 or ``overlap`` is not 0 or 1.
 
   References:
     Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
-    Learning", ICML 2019.
+    Learning", ICML 2019: Algorithm 1 (SGP) and its overlap variant, on the directed
+    exponential graph of its experiments.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_lena import aladdin as al
+    >>> gossip = al.sgp(4, overlap=0)
+    >>> [gossip.peer(0, k) for k in range(3)]  # hops 1, 2, 1, ...
+    [1, 2, 1]
+    >>> state = gossip.init({"w": jnp.zeros(1)})
+    >>> state = gossip.apply_updates(state, {"w": jnp.arange(4.0)[:, None]})  # node i at i
+    >>> for _ in range(2):
+    ...   state = gossip.gossip(state)
+    >>> gossip.debiased(state)["w"].ravel().tolist()  # 4 nodes: exact average in 2 rounds
+    [1.5, 1.5, 1.5, 1.5]
   """
   num_workers = checks.check_num_workers(num_workers)
   if overlap not in (0, 1):
@@ -265,7 +388,7 @@ def sgp(num_workers: int, *, overlap: int = 1) -> SGP:
 
   def debias(numerator: PyTree, weight: Any) -> PyTree:
     def one(x):
-      dtype = _compute_dtype(x.dtype)
+      dtype = accumulation_dtype(x.dtype)
       w = jnp.asarray(weight, dtype).reshape(jnp.shape(weight) + (1,) * (x.ndim - jnp.ndim(weight)))
       return (x.astype(dtype) / w).astype(x.dtype)
 

@@ -11,17 +11,21 @@ import jax.numpy as jnp
 import optax
 
 from optax_lena._src.aladdin import checks
+from optax_lena._src.precision import accumulation_dtype
 
 PyTree = Any
 
 
 def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
-  """Eq. 3, the PS-triggered local update: ``x_i <- (1 - alpha) x_i + alpha x~``.
+  """Eq. 3 of ALADDIN, the PS-triggered local update: ``x_i <- (1 - alpha) x_i + alpha x~``.
 
-  Computed in float32 (or the leaf's dtype when wider) and cast back to each leaf's dtype;
+  A worker applies it to each reply of the server as soon as the reply has arrived, between two
+  of its own steps (Algorithm 1, line 4); its optimizer state (momentum) is not touched.
+  Computed in float32 (or the leaf's dtype when wider) and cast back to each leaf's dtype:
   ``alpha = 0`` returns ``params`` and ``alpha = 1`` ``global_params`` exactly (for finite
-  values), so a reply that is not ready is harmless. Under ``jit`` XLA may fuse a multiply-add,
-  which can change the last bit. The local optimizer state is not touched.
+  values), so merging a reply that is not ready (weight 0) is harmless and every symmetric
+  server's reply (weight 1) is adopted exactly. Under ``jit`` XLA may fuse a multiply-add,
+  which can change the last bit.
 
   Args:
     params: the worker's local model x_i.
@@ -32,6 +36,22 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
 
   Returns:
     The merged model, with the structure, shapes and dtypes of ``params``.
+
+  Raises:
+    ValueError: ``global_params`` differs from ``params`` in structure or in a leaf's shape.
+
+  References:
+    Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021: Eq. 3 and Algorithm 1.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_lena import aladdin as al
+    >>> local = {"w": jnp.array([1.0, 3.0])}
+    >>> al.worker_merge(local, {"w": jnp.array([3.0, 3.0])}, 0.25)["w"].tolist()
+    [1.5, 3.0]
+    >>> al.worker_merge({"w": jnp.ones(2, jnp.bfloat16)}, {"w": jnp.zeros(2)}, 0.5)["w"].dtype
+    dtype(bfloat16)
   """
   structure: Any = jax.tree.structure(params)  # Any: PyTreeDef's stubs lack comparisons
   if structure != jax.tree.structure(global_params):
@@ -50,7 +70,7 @@ def worker_merge(params: PyTree, global_params: PyTree, alpha: Any) -> PyTree:
         f"global_params has a leaf of shape {jnp.shape(g)} where params has {jnp.shape(x)}; "
         "pass the reply of the server that was initialised with these parameters."
       )
-    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    dtype = accumulation_dtype(x.dtype)
     a = jnp.asarray(alpha, dtype)
     return ((1 - a) * x.astype(dtype) + a * g.astype(dtype)).astype(x.dtype)
 
@@ -65,14 +85,34 @@ def local_optimizer(
   weight_decay: float = 1e-4,
   nesterov: bool = False,
 ) -> optax.GradientTransformation:
-  """The paper's local optimizer: momentum SGD 0.9 with weight decay 1e-4 (PyTorch semantics:
-  the decay is added to the gradient before the momentum).
+  """The paper's local optimizer: momentum SGD 0.9 with weight decay 1e-4.
+
+  PyTorch's semantics: the decay ``weight_decay * x`` is added to the gradient before the
+  momentum, ``m <- momentum m + g + weight_decay x`` and ``x <- x - learning_rate m``. The paper
+  trains every algorithm's workers with it (AR-SGD, EASGD and SGP as well as ALADDIN).
 
   Args:
     learning_rate: eta, a float or an Optax schedule.
     momentum: momentum coefficient (0.9 in the paper).
     weight_decay: L2 coefficient added to the gradient (1e-4 in the paper).
     nesterov: Nesterov momentum (not used by the paper).
+
+  Returns:
+    An Optax ``GradientTransformation``: ``optax.chain(optax.add_decayed_weights(weight_decay),
+    optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov))``.
+
+  References:
+    Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021, Section 5 (the experimental setup).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_lena import aladdin as al
+    >>> tx = al.local_optimizer(1.0, weight_decay=0.5)
+    >>> params = {"w": jnp.ones(1)}
+    >>> updates, _ = tx.update({"w": jnp.zeros(1)}, tx.init(params), params)
+    >>> updates["w"].tolist()  # -learning_rate * (g + weight_decay * w)
+    [-0.5]
   """
   return optax.chain(
     optax.add_decayed_weights(weight_decay),
@@ -102,16 +142,53 @@ def local_step(
   message: str = "update",
   has_aux: bool = False,
 ) -> Callable[[PyTree, optax.OptState, Any], tuple[PyTree, optax.OptState, PyTree, Any]]:
-  """The worker's iteration of Algorithm 1 (lines 1-3), a pure, jittable ``step(params,
-  opt_state, batch) -> (params, opt_state, message, loss)``: the self-update ``x_i <- x_i +
-  tx(g)``, and the message (``docs/ALADDIN.md``, section 2): the gradient at the parameters
-  before the update, or the displacement ``x_before - x_after``.
+  """The worker's iteration of ALADDIN's Algorithm 1 (lines 1-3): gradient, local step, message.
+
+  The step computes the mini-batch gradient ``g`` at the worker's model, takes its own
+  optimizer step ``x_i <- x_i + tx(g)`` (the *local self-update*) and returns the message the
+  worker pushes to the server without waiting for an answer:
+
+  * ``"update"`` (the recommended recipe): the worker's own displacement ``x_before - x_after``
+    (momentum and weight decay included, computed as the difference so that rounding is
+    included too). Served with ``server_tx=optax.sgd(1.0)`` and ``normalise="mean_of_locals"``,
+    x~ stays the average of the local models between merges, whatever ``tx``.
+  * ``"gradient"`` (Algorithm 1 as printed): ``g`` itself, at the parameters before the step.
+    With a momentum ``tx`` the server's model then drifts from the workers' average.
+
+  With plain-SGD workers and ``optax.sgd(eta)`` on the server the two messages give the same
+  algorithm.
 
   Args:
     loss_fn: ``loss_fn(params, batch) -> loss`` (a scalar; with ``has_aux``, ``(loss, aux)``).
     tx: the local optimizer, any Optax transformation (the paper's: :func:`local_optimizer`).
-    message: ``"gradient"`` or ``"update"``.
+    message: ``"update"`` or ``"gradient"``.
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``; ``loss`` is then that pair.
+
+  Returns:
+    A pure, jittable ``step(params, opt_state, batch) -> (params, opt_state, message, loss)``.
+
+  Raises:
+    TypeError: ``loss_fn`` is not callable or ``tx`` is not an Optax transformation.
+    ValueError: ``message`` is not ``"update"`` or ``"gradient"``.
+
+  References:
+    Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021: Algorithm 1, lines 1-3 (the ``"gradient"`` message).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> from optax_lena import aladdin as al
+    >>> loss_fn = lambda params, batch: jnp.mean((batch[0] @ params["w"] - batch[1]) ** 2)
+    >>> batch = (jnp.eye(2), jnp.array([1.0, 2.0]))
+    >>> params, tx = {"w": jnp.zeros(2)}, optax.sgd(0.5)
+    >>> step = al.local_step(loss_fn, tx)
+    >>> params, opt_state, message, loss = step(params, tx.init(params), batch)
+    >>> params["w"].tolist(), message["w"].tolist(), float(loss)
+    ([0.5, 1.0], [-0.5, -1.0], 2.5)
+    >>> gradient_step = al.local_step(loss_fn, tx, message="gradient")
+    >>> gradient_step({"w": jnp.zeros(2)}, tx.init(params), batch)[2]["w"].tolist()
+    [-1.0, -2.0]
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn must be callable as loss_fn(params, batch), got {loss_fn!r}.")
@@ -133,7 +210,12 @@ def local_step(
 
 
 class LocalState(NamedTuple):
-  """A worker's local state in :class:`WorkerProgram`: its model and its optimizer's state."""
+  """A worker's local state in a :class:`WorkerProgram` (every algorithm's but SGP's).
+
+  Attributes:
+    params: the worker's model.
+    opt_state: its optimizer's state (``()`` for ASP's workers, which have none).
+  """
 
   params: PyTree
   opt_state: optax.OptState

@@ -20,9 +20,20 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Problem:
-  """A training problem for the simulator (arrays on the host; batches drawn per worker):
-  ``params``, where every worker and the PS start; ``loss_fn(params, (x, y)) -> scalar`` (mean
-  over the batch); ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1]."""
+  """A training problem for the simulator: a model, its loss and accuracy, host arrays.
+
+  Each worker draws its mini-batches from ``(x_train, y_train)`` with its own generator, seeded
+  by ``(seed, worker)``; the evaluated model is scored on ``(x_test, y_test)``.
+
+  Attributes:
+    params: the initial parameters, where every worker and the server start.
+    loss_fn: ``loss_fn(params, (x, y)) -> scalar``, the mean loss over the batch.
+    accuracy_fn: ``accuracy_fn(params, (x, y)) -> scalar`` in [0, 1].
+    x_train: training inputs (NumPy, first axis the examples).
+    y_train: training labels.
+    x_test: test inputs.
+    y_test: test labels.
+  """
 
   params: PyTree
   loss_fn: Callable[[PyTree, Any], Any]
@@ -105,6 +116,25 @@ class Compute:
     return None
 
 
+def average_in_leaf_precision(models: Sequence[PyTree]) -> PyTree:
+  """The average of the workers' ``models``, computed in each leaf's own dtype.
+
+  The models are added in worker order and the sum is divided by their number, every operation
+  rounded to the leaf's dtype (float32 for a float32 model). The simulator evaluates SGP's model
+  and ALADDIN's and EASGD's ``local_accuracy`` on this average. The Ray runtime averages SGP's
+  models in float64 on its driver and rounds once to each leaf's dtype, so the engines' SGP
+  models may differ in the last bits; the simulator keeps the leaf precision, which its recorded
+  golden runs (``tests/aladdin/test_simulator_golden.py``) hold bit for bit.
+
+  Args:
+    models: the workers' models, pytrees of one structure.
+
+  Returns:
+    Their average, with the structure, shapes and dtypes of ``models[0]``.
+  """
+  return jax.tree.map(lambda *leaves: sum(leaves[1:], leaves[0]) / len(leaves), *models)
+
+
 class Training(Compute):
   """The training mode: the spec's worker program and server on the problem's batches.
 
@@ -122,8 +152,9 @@ class Training(Compute):
     self.eval_fn = jax.jit(lambda p, x, y: (loss_fn(p, (x, y)), accuracy_fn(p, (x, y))))
     program = self.program = spec.program(loss_fn, num_workers)
     self.step_fn, self.apply_fn = jax.jit(program.step), jax.jit(program.apply)
-    mean = lambda *v: sum(v[1:], v[0]) / len(v)
-    self.mean_params = jax.jit(lambda states: jax.tree.map(mean, *map(program.params, states)))
+    self.mean_params = jax.jit(
+      lambda states: average_in_leaf_precision([program.params(s) for s in states])
+    )
     self.server = spec.server(num_workers)
     if self.server is not None:
       self.receive_fn = jax.jit(self.server.receive)

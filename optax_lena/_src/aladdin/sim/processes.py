@@ -9,13 +9,33 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from optax_lena._src.aladdin import algorithms
 from optax_lena._src.aladdin.sim.engine import Process, SimWorker
 
-# ``@simulates("name")`` (or a spec class: its registered subclasses) attaches a process.
-simulates = algorithms.attacher("simulator")
+_attach_process = algorithms.attacher("simulator")
+
+
+def simulates(*targets: str | type[algorithms.Spec]) -> Callable[[type[Process]], type[Process]]:
+  """A class decorator: the decorated :class:`Process` is the simulator's pattern of ``targets``.
+
+  A new algorithm whose workers exchange like ASP and EASGD needs no process (a registered
+  ``al.Symmetric`` subclass runs on the simulator's exchange process); a new message pattern
+  subclasses :class:`Process` and is attached with this decorator.
+
+  Args:
+    *targets: registered algorithm names, or spec classes (then every registered subclass
+      without a process of its own runs this one).
+
+  Returns:
+    The decorator, which returns the class unchanged.
+
+  Raises:
+    ValueError: when decorating, a name is not registered or already has a simulator process.
+  """
+  return _attach_process(*targets)
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,7 +1,6 @@
-"""A deterministic discrete-event simulator of a training cluster, for ALADDIN and its baselines
-(``docs/ALADDIN.md``, section 5): the cost model (:mod:`.cluster`), the event engine
-(:mod:`.engine`), one process per message pattern (:mod:`.processes`) and what is computed
-(:mod:`.compute`).
+"""A deterministic discrete-event simulator of a training cluster, for ALADDIN and its baselines:
+the cost model (:mod:`.cluster`), the event engine (:mod:`.engine`), one process per message
+pattern (:mod:`.processes`) and what is computed (:mod:`.compute`).
 """
 
 from __future__ import annotations
@@ -29,11 +28,16 @@ Algorithm = Spec
 
 @dataclasses.dataclass
 class SimResult:
-  """What one simulated run reports; it follows ``al.Result``, which describes ``algorithm``,
-  ``samples``, ``throughput`` and ``iterations`` (``wait_fraction``, ``curve`` and
-  ``final_params`` are derived from the fields), in simulated seconds.
+  """What one simulated run reports, in simulated seconds; an ``al.Result``.
+
+  ``wait_fraction``, ``curve`` and ``final_params``, the protocol's derived names, are
+  properties computed from the fields.
 
   Attributes:
+    algorithm: the algorithm's name.
+    samples: training samples processed, all workers.
+    throughput: samples per simulated second.
+    iterations: local iterations of each worker.
     time: simulated seconds at the end.
     wait_time: simulated seconds each worker spent idle (waiting for a barrier, a reply or a
       peer; for AR-SGD the all-reduce counts as waiting).
@@ -89,13 +93,19 @@ class SimResult:
 
 
 class Simulator:
-  """One algorithm on one problem (or timing only), runnable on any cluster, many times: it
-  keeps the jitted functions (one compute object per number of workers), so that its runs
-  compile once.
+  """One algorithm on one problem (or timing only), runnable on any cluster, many times.
+
+  It keeps the jitted functions (one compute object per number of workers), so that its runs
+  compile once; nothing outlives it. :func:`simulate` is one run of a fresh one.
 
   Args:
     alg: the algorithm's spec (:func:`algorithm`).
     problem: the training problem; ``None`` is the timing-only mode (nothing is computed).
+
+  Raises:
+    TypeError: ``alg`` is not a spec.
+    ValueError: the spec cannot train ``problem`` (e.g. no workers' optimizer), or the
+      algorithm has no simulator process.
   """
 
   def __init__(self, alg: Spec, problem: Problem | None = None):
@@ -123,7 +133,7 @@ class Simulator:
     record_events: bool = False,
     profile: bool = False,
   ) -> SimResult:
-    """One run on ``cluster`` (the arguments of :func:`simulate`)."""
+    """One run on ``cluster``, with the arguments and result of :func:`simulate`."""
     if num_samples is None and not math.isfinite(until_time):
       raise ValueError("Give num_samples or until_time, or the simulation never ends.")
     if self.problem is not None and cluster.num_shards != 1:
@@ -190,8 +200,16 @@ def simulate(
   record_events: bool = False,
   profile: bool = False,
 ) -> SimResult:
-  """Simulates one run of ``alg`` on ``cluster`` (``Simulator(alg, problem).run(...)``; to run
-  one algorithm many times and compile once, keep a :class:`Simulator`).
+  """Simulates one run of an algorithm on a cluster whose workers run at given speeds.
+
+  The real JAX computations of the n workers and of the server run in the order that the
+  cluster's cost model (:class:`Cluster`) produces them, from one heap of events ordered by
+  simulated time and scheduling order: nothing depends on the host's timing, so the same
+  inputs give the same run, bitwise. Each worker's mini-batches come from its own generator,
+  seeded by ``(seed, worker)``. With ``problem=None`` nothing is computed and the messages carry
+  sizes only: the timing-only mode, which simulates the paper's model sizes on the paper's
+  cluster in host milliseconds. It is ``Simulator(alg, problem).run(...)``; to run one
+  algorithm many times and compile once, keep a :class:`Simulator`.
 
   Args:
     alg: the algorithm (:func:`algorithm`).
@@ -207,6 +225,60 @@ def simulate(
     record_events: keep ``(time, kind, worker)`` of every worker event in the result.
     profile: block on and time every JAX call (``SimResult.jax_time``), to measure the
       simulator's own overhead.
+
+  Returns:
+    A :class:`SimResult`: the evaluations of the model being trained (the server's for
+    ALADDIN, ASP and EASGD, the one model of AR-SGD, the average of the de-biased models of
+    SGP) against simulated time, the throughput, each worker's iterations, waits and messages.
+
+  Raises:
+    ValueError: neither ``num_samples`` nor a finite ``until_time`` is given, the timing-only
+      mode lacks ``model_bytes``, or a training run is given a cluster of several PS shards.
+    TypeError: ``alg`` is not a spec.
+
+  References:
+    Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021: the cluster of its Section 5 (:func:`paper_cluster`) and its
+    Table 3's heterogeneous clusters (``PAPER_SLOWDOWNS``).
+
+  Examples:
+    A linear classifier trained by 4 workers, worker 0 ten times slower than the others:
+
+    >>> import jax.numpy as jnp
+    >>> import numpy as np
+    >>> import optax
+    >>> from optax_lena import aladdin as al
+    >>> from optax_lena.aladdin import simulator as sim
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(300, 4)).astype(np.float32)
+    >>> y = (x[:, 0] > 0).astype(np.int32)
+    >>> def loss_fn(params, batch):
+    ...   logits = batch[0] @ params["w"]
+    ...   return optax.softmax_cross_entropy_with_integer_labels(logits, batch[1]).mean()
+    >>> def accuracy_fn(params, batch):
+    ...   return jnp.mean(jnp.argmax(batch[0] @ params["w"], -1) == batch[1])
+    >>> problem = sim.Problem(
+    ...   {"w": jnp.zeros((4, 2))}, loss_fn, accuracy_fn, x[:200], y[:200], x[200:], y[200:]
+    ... )
+    >>> alg = sim.algorithm("aladdin", worker_tx=al.local_optimizer(0.1))
+    >>> cluster = sim.make_cluster(4, compute_time=0.1, slowdown=10.0)
+    >>> result = sim.simulate(alg, cluster, batch_size=16, problem=problem, num_samples=1600)
+    >>> result.iterations  # nobody waits for the straggler
+    [3, 33, 32, 32]
+    >>> result.evals[-1].test_accuracy > 0.9
+    True
+
+    The timing-only mode: ResNet-50's messages on the paper's cluster, one worker ten times
+    slower (Table 3's HE1), as a speed-up over one normal worker:
+
+    >>> model = sim.PAPER_MODELS["ResNet-50"]
+    >>> cluster = sim.paper_cluster(model.compute_time, slowdown=10.0)
+    >>> timing = sim.simulate(
+    ...   sim.algorithm("aladdin"), cluster, batch_size=model.batch_size,
+    ...   model_bytes=model.nbytes, until_time=60.0,
+    ... )
+    >>> round(timing.throughput * model.compute_time / model.batch_size, 1)
+    7.1
   """
   return Simulator(alg, problem).run(
     cluster,
