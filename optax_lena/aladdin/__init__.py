@@ -1,9 +1,18 @@
 """ALADDIN: asymmetric centralized training for distributed deep learning (CIKM 2021).
 
-``from optax_lena import aladdin as al``: pure, jittable building blocks (the server
-:func:`parameter_server`, the worker's :func:`local_step` and :func:`worker_merge`, the paper's
-baselines) and one validated spec per algorithm (:func:`algorithm`), which both engines run
-(``docs/ALADDIN.md``).
+``from optax_lena import aladdin as al``. ALADDIN is a parameter-server algorithm in which no
+worker ever waits: each pushes a message after every local step (:func:`local_step`), the
+server (:func:`parameter_server`) answers a worker with the global model only once every
+``period`` of its messages, and the worker mixes the answer into its own model
+(:func:`worker_merge`, the paper's Eq. 3). This module holds these pure, jittable pieces, the
+paper's baselines (:func:`ar_sgd_mean`, :func:`asp_server`, :func:`easgd_server`, :func:`sgp`)
+and one validated spec per algorithm (:func:`algorithm`), which both engines run: the
+deterministic cluster simulator (``optax_lena.aladdin.simulator``) and the Ray runtime
+(``optax_lena.aladdin.distributed``). ``docs/ALADDIN.md`` explains the algorithm and the
+choices made where the printed paper is ambiguous.
+
+Reference: Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for
+Distributed Deep Learning", CIKM 2021 (DOI 10.1145/3459637.3482412).
 """
 
 from optax_lena._src.aladdin.algorithms import (

@@ -595,4 +595,5 @@ def algorithm(
 for _spec in (Aladdin, ArSgd, Asp, Easgd, Sgp):
   register(_spec)
 
+#: The names of the algorithms registered at import (``al.algorithm`` also builds later ones).
 ALGORITHMS: tuple[str, ...] = names()

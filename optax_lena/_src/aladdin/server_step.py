@@ -53,8 +53,10 @@ class ServerState(NamedTuple):
 
 
 class Reply(NamedTuple):
-  """A server's answer to one message, the one reply type of every server (ALADDIN's, ASP's,
-  EASGD's); the worker applies it as ``worker_merge(x, reply.params, reply.alpha)``.
+  """A server's answer to one message: the one reply type of every server.
+
+  ALADDIN's, ASP's and EASGD's servers all answer with it, and a worker applies any of them as
+  ``worker_merge(x, reply.params, reply.alpha)``.
 
   Attributes:
     ready: bool scalar: ALADDIN's message triggered a global update (ASP and EASGD: always).

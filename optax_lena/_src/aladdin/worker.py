@@ -120,6 +120,7 @@ def local_optimizer(
   )
 
 
+#: What an ALADDIN worker may send: its own displacement (the recipe) or its gradient.
 MESSAGES = ("update", "gradient")
 
 
@@ -222,8 +223,10 @@ class LocalState(NamedTuple):
 
 
 class WorkerProgram(NamedTuple):
-  """The worker side of one algorithm, pure and jittable (``spec.program(loss_fn, n)``), which
-  both engines run (they keep only the driving, timing and transport).
+  """The worker side of one algorithm as pure, jittable functions, which both engines run.
+
+  ``spec.program(loss_fn, n)`` builds it; the engines keep only the driving, the timing and the
+  transport.
 
   Attributes:
     init: ``init(params) -> state``, the local state of a worker starting from ``params``.

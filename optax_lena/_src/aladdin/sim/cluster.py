@@ -9,10 +9,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-# The paper's clusters (Table 3): one worker (index 0) slower by this factor.
+#: The paper's clusters (Table 3): worker 0 slower than the others by this factor.
 PAPER_SLOWDOWNS: dict[str, float] = {"HO": 1.0, "HE0": 2.0, "HE1": 10.0, "HE2": 100.0}
 
-GIGABIT = 1e9 / 8  # bytes per second of 1 Gb/s
+#: Bytes per second of 1 Gb/s.
+GIGABIT = 1e9 / 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +181,9 @@ class ModelSize:
     return self.batch_size / self.images_per_second
 
 
-# One RTX 2080 Ti's published throughputs (Lambda's TensorFlow benchmark, FP32); docs/ALADDIN.md,
-# section 5, "The paper's cluster", gives the source and why they bound the compute time above.
+#: The paper's models, with one RTX 2080 Ti's published training throughputs (Lambda's
+#: TensorFlow benchmark, FP32); docs/ALADDIN.md, section 5, "The paper's cluster", gives the
+#: source and why they bound the compute time above.
 PAPER_MODELS: dict[str, ModelSize] = {
   "ResNet-50": ModelSize("ResNet-50", 23_500_000, 128, 294.0),
   "VGG-16": ModelSize("VGG-16", 138_000_000, 96, 186.0),
@@ -243,6 +245,10 @@ def paper_cluster(
 
   Returns:
     The :class:`Cluster`.
+
+  Raises:
+    ValueError: ``compute_time`` is not a positive finite number or ``slowdown`` is not above
+      0, or a count is below 1.
 
   References:
     Ko, Choi, Jei, Lee and Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep

@@ -99,10 +99,13 @@ class SimWorker:
 
 
 class Process:
-  """One algorithm's message pattern on a cluster (subclass per algorithm, attached by
-  ``@sim.simulates``): it sets ``worker_type`` (its :class:`SimWorker` record), implements
-  :meth:`computed` and the handlers it schedules, and calls the compute object for every
-  computation."""
+  """Base of one algorithm's message pattern in the simulator: who waits for what, and when.
+
+  A subclass per pattern, attached to an algorithm with ``@sim.simulates``, sets
+  ``worker_type`` (its :class:`SimWorker` record), implements :meth:`computed` and the handlers
+  it schedules on ``self.engine``, and calls the compute object (``self.compute.step``,
+  ``receive``, ``apply``) for every computation, which the timing-only mode skips.
+  """
 
   worker_type: ClassVar[type[SimWorker]] = SimWorker
   # The handlers of a process that talks to PS shards (see :meth:`to_shards`).

@@ -20,9 +20,10 @@ from optax_lena._src.aladdin.sim.compute import Compute, EvalPoint, Problem, Tra
 
 PyTree = Any
 
+#: The algorithms the simulator runs (those with a simulator process at import).
 ALGORITHMS = algorithms.engine_names("simulator")
 
-# The spec base class, under the simulator's old name of the one configuration class.
+#: The spec base class ``al.Spec``, under the simulator's former name of its configuration class.
 Algorithm = Spec
 
 
