@@ -1,9 +1,11 @@
 """The precision of accumulations: sums and averages of low-precision floats are made in float32.
 
 A bfloat16 or float16 running sum loses the small terms once it has grown (bfloat16 keeps 8
-significant bits: past 256 times a term, adding it changes nothing), so every accumulation of
-the library widens such values to float32 and rounds back to the values' own dtype only at the
-end. This module is the one place that decides how wide.
+significant bits: from 256 times a term on, adding it changes nothing), so the library's sums
+and averages of gradients, updates and models widen such values to the dtype
+:func:`accumulation_dtype` gives and round back to the values' own dtype only at the end. This
+module is the one place that decides how wide. (The cluster simulator's average of the
+workers' models is the documented exception: it keeps each leaf's dtype.)
 """
 
 from __future__ import annotations

@@ -128,12 +128,13 @@ def parameter_server(
     is the sender's verdict on a message's finiteness, which replaces the server's own check.
 
   Raises:
-    TypeError: ``num_workers`` or ``period`` is not an int, ``alpha`` is neither an option nor
-      a number, or ``server_tx`` is not an Optax transformation; at a call, ``state`` is not a
+    TypeError: ``num_workers`` or ``period`` is not an int, ``alpha`` is neither a str nor a
+      number, or ``server_tx`` is not an Optax transformation; at a call, ``state`` is not a
       :class:`ServerState` or ``worker`` not an integer scalar.
-    ValueError: ``num_workers`` or ``period`` is below 1, ``normalise`` is not an option, or a
-      float ``alpha`` is outside [0, 1]; at a call, a message's structure, shapes or dtypes
-      differ from the parameters'.
+    ValueError: ``num_workers`` or ``period`` is below 1, ``normalise`` or a str ``alpha`` is
+      not one of the options, or a float ``alpha`` is outside [0, 1]; at a call, a message's
+      structure, shapes or dtypes differ from the parameters' (for ``serve_many``: or the
+      messages are not stacked on a leading axis).
     IndexError: at a call, a concrete ``worker`` outside ``[0, num_workers)``.
 
   References:
