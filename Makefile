@@ -13,7 +13,7 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[dev,examples]'
+	$(PIP) install -q -e '.[dev,examples,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
