@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test lint typecheck format demo clean
+.PHONY: install test lint typecheck format docs demo clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,13 @@ format: install
 # would otherwise restart it and then wait forever for its tests.
 PYTEST := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --max-worker-restart=0 -q
 
-test: install typecheck
+# The documentation site, from scratch (an incremental build would not repeat the warnings of
+# unchanged pages), with warnings as errors; open docs/_build/html/index.html.
+docs: install
+	rm -rf docs/_build
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
+test: install typecheck docs
 	$(VENV)/bin/ruff check optax_lena tests examples benchmarks
 	$(VENV)/bin/ruff format --check .
 	$(PYTEST) -m "not slow and not ray" tests
@@ -41,4 +47,4 @@ demo: install
 	$(PY) -m examples.demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info docs/_build docs/studies

@@ -17,7 +17,7 @@ import optax_lena  # noqa: E402
 
 project = "optax_lena"
 author = "the optax_lena authors"
-copyright = "the optax_lena authors"  # noqa: A001 (Sphinx's own name)
+copyright = "the optax_lena authors"
 version = release = optax_lena.__version__
 
 extensions = [

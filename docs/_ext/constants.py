@@ -45,7 +45,9 @@ def _docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines:
   comment = defining_comment(module_name, attr)
   if comment:
     lines[:] = list(comment)
-  elif not inspect.ismodule(obj) and lines == inspect.cleandoc(type(obj).__doc__ or "").splitlines():
+  elif (
+    not inspect.ismodule(obj) and lines == inspect.cleandoc(type(obj).__doc__ or "").splitlines()
+  ):
     lines.clear()
 
 

@@ -1,0 +1,182 @@
+"""The documentation site: a README that fits on two screens, every page in the navigation,
+every public name on the API pages, search that finds the pages.
+
+``make test`` builds the site (``make docs``, warnings as errors) before it runs the tests; run
+alone, the module builds it the same way when the build is missing or older than its sources.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import importlib.util
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from types import ModuleType
+
+import pytest
+
+from tests.docs.pages import DOCS, README, ROOT
+
+pytest.importorskip("sphinx")
+
+pytestmark = pytest.mark.xdist_group("docs_site")  # one build, one worker
+
+SITE = DOCS / "_build" / "html"
+README_LIMIT = 8000  # characters: optax's README is about 6,000, flax's about 7,900
+_TOCTREE = re.compile(r"```\{toctree\}\n(.*?)```", flags=re.S)
+
+
+def extension(name: str) -> ModuleType:
+  """A module of ``docs/_ext``, where the build's checks live."""
+  spec = importlib.util.spec_from_file_location(name, DOCS / "_ext" / f"{name}.py")
+  assert spec and spec.loader
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def source_pages() -> set[str]:
+  """The docnames of the pages written in ``docs/`` (the generated study pages excluded)."""
+  out = set()
+  for path in DOCS.rglob("*"):
+    relative = path.relative_to(DOCS)
+    if relative.parts[0] in ("_build", "_ext", "studies") or path.suffix not in (
+      ".md",
+      ".rst",
+      ".ipynb",
+    ):
+      continue
+    out.add(relative.with_suffix("").as_posix())
+  return out
+
+
+def toctree_entries(docname: str) -> list[str]:
+  """The docnames a page's toctrees list (MyST pages; options and blank lines skipped)."""
+  page = next(DOCS.glob(f"{docname}.*"))
+  entries = []
+  for body in _TOCTREE.findall(page.read_text()):
+    for line in body.splitlines():
+      line = line.strip()
+      if line and not line.startswith(":"):
+        entries.append((pathlib.PurePosixPath(docname).parent / line).as_posix().lstrip("./"))
+  return entries
+
+
+def test_readme_fits_two_screens():
+  size = len(README.read_text())
+  assert size <= README_LIMIT, f"README.md has {size} characters; move content to docs/guides/"
+
+
+def test_every_page_is_in_the_navigation():
+  studies = extension("studies")
+  study_pages = {
+    f"{studies.STUDIES}/{path.relative_to(ROOT / 'benchmarks').with_suffix('').as_posix()}"
+    for path, is_study in studies.pages(ROOT / "benchmarks").items()
+    if is_study
+  }
+  reached, todo = {"index"}, ["index"]
+  while todo:
+    for entry in toctree_entries(todo.pop()):
+      assert entry in source_pages() | study_pages, f"a toctree lists {entry!r}, which is no page"
+      if entry not in reached and entry not in study_pages:
+        todo.append(entry)
+      reached.add(entry)
+  assert not source_pages() - reached, "pages in no toctree"
+  assert not study_pages - reached, "studies missing from results.md"
+
+
+def _sources_newer_than(built: pathlib.Path) -> bool:
+  if not built.exists():
+    return True
+  stamp = built.stat().st_mtime
+  sources = [README, ROOT / "colab" / "lena_vs_adascale.ipynb"]
+  sources += [p for p in DOCS.rglob("*") if "_build" not in p.parts and "studies" not in p.parts]
+  sources += list((ROOT / "optax_lena").rglob("*.py")) + list((ROOT / "benchmarks").rglob("*.md"))
+  return any(p.is_file() and p.stat().st_mtime > stamp for p in sources)
+
+
+@pytest.fixture(scope="module")
+def site() -> pathlib.Path:
+  """The built site; built here, as ``make docs`` does, when missing or out of date."""
+  if _sources_newer_than(SITE / "objects.inv"):
+    shutil.rmtree(DOCS / "_build", ignore_errors=True)
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
+    subprocess.run([*command, str(DOCS), str(SITE)], check=True, cwd=ROOT)
+  return SITE
+
+
+def inventory(site: pathlib.Path) -> dict[str, tuple[str, str]]:
+  """``{object name: (domain:role, page)}`` from the site's ``objects.inv`` (version 2)."""
+  data = (site / "objects.inv").read_bytes()
+  header_end = 0
+  for _ in range(4):
+    header_end = data.index(b"\n", header_end) + 1
+  out = {}
+  for line in zlib.decompress(data[header_end:]).decode().splitlines():
+    match = re.match(r"(.+?)\s+(\S+)\s+(-?\d+)\s+?(\S*)\s+(.*)", line)
+    assert match, line
+    name, role, _, uri, _ = match.groups()
+    out[name] = (role, uri.split("#")[0])
+  return out
+
+
+def test_every_public_name_has_an_entry_on_the_api_pages(site):
+  objects = inventory(site)
+  public = extension("coverage_check").public_names()
+  assert len(public) > 100  # the five modules were read
+  missing = sorted(public - set(objects))
+  assert not missing, f"public names with no entry in docs/api/*.rst: {missing}"
+  elsewhere = sorted(n for n in public if not objects[n][1].startswith("api/"))
+  assert not elsewhere, f"public names documented outside the API pages: {elsewhere}"
+
+
+class _Links(html.parser.HTMLParser):
+  def __init__(self) -> None:
+    super().__init__()
+    self.hrefs: list[str] = []
+
+  def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    href = dict(attrs).get("href")
+    if tag == "a" and href and "://" not in href and not href.startswith(("#", "mailto:")):
+      self.hrefs.append(href.split("#")[0])
+
+
+def test_every_page_is_reachable_from_the_home_page_and_searchable(site):
+  indices = {"genindex.html", "py-modindex.html", "search.html"}  # Sphinx's, not pages
+  pages = {
+    p.relative_to(site).as_posix()
+    for p in site.rglob("*.html")
+    if p.relative_to(site).parts[0] not in ("_static", "_sources", "_modules")
+  } - indices
+  reached, todo = {"index.html"}, ["index.html"]
+  while todo:
+    page = todo.pop()
+    parser = _Links()
+    parser.feed((site / page).read_text())
+    for href in parser.hrefs:
+      target = (pathlib.PurePosixPath(page).parent / href).as_posix() if href else page
+      target = str(pathlib.PurePosixPath(*_normalised(target)))
+      if target in pages and target not in reached:
+        reached.add(target)
+        todo.append(target)
+  assert not pages - reached, f"pages no link leads to: {sorted(pages - reached)}"
+  search_index = (site / "searchindex.js").read_text()
+  searched = set(
+    re.search(r'"docnames":\[(.*?)\]', search_index).group(1).replace('"', "").split(",")
+  )
+  content = {p.removesuffix(".html") for p in pages}
+  assert content <= searched, f"pages the search does not know: {sorted(content - searched)}"
+
+
+def _normalised(path: str) -> list[str]:
+  parts: list[str] = []
+  for part in path.split("/"):
+    if part == "..":
+      parts.pop()
+    elif part not in ("", "."):
+      parts.append(part)
+  return parts
