@@ -58,3 +58,6 @@ html_theme_options = {
   "home_page_in_toc": True,
 }
 html_show_sourcelink = False
+smartquotes = False  # error messages and options are quoted as the code prints them
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def public_names() -> set[str]:
   """Every ``module.name`` that the documented modules export."""
-  names = set()
+  names: set[str] = set()
   for module_name in DOCUMENTED_MODULES:
     module = importlib.import_module(module_name)
     names.update(f"{module_name}.{name}" for name in module.__all__)
