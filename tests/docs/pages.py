@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
+from types import ModuleType
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -41,3 +43,12 @@ def run(source: str, name: str, namespace: dict | None = None) -> dict:
   namespace = {} if namespace is None else namespace
   exec(compile(source, name, "exec"), namespace)
   return namespace
+
+
+def extension(name: str) -> ModuleType:
+  """A module of ``docs/_ext``, where the build's checks live."""
+  spec = importlib.util.spec_from_file_location(name, DOCS / "_ext" / f"{name}.py")
+  assert spec and spec.loader
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -11,7 +11,7 @@ import inspect
 
 import pytest
 
-from tests.docs.test_site import extension
+from tests.docs.pages import extension
 
 pytest.importorskip("sphinx")
 

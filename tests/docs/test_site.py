@@ -8,7 +8,6 @@ alone, the module builds it the same way when the build is missing or older than
 from __future__ import annotations
 
 import html.parser
-import importlib.util
 import pathlib
 import posixpath
 import re
@@ -16,11 +15,10 @@ import shutil
 import subprocess
 import sys
 import zlib
-from types import ModuleType
 
 import pytest
 
-from tests.docs.pages import DOCS, README, ROOT
+from tests.docs.pages import DOCS, README, ROOT, extension
 
 pytest.importorskip("sphinx")
 
@@ -30,15 +28,6 @@ SITE = DOCS / "_build" / "html"
 README_LIMIT = 8000  # characters: optax's README is about 6,000, flax's about 7,900
 _TOCTREE = re.compile(r"```\{toctree\}\n(.*?)```", flags=re.S)
 _EXPLICIT_TITLE = re.compile(r"^.*<(.+)>$")
-
-
-def extension(name: str) -> ModuleType:
-  """A module of ``docs/_ext``, where the build's checks live."""
-  spec = importlib.util.spec_from_file_location(name, DOCS / "_ext" / f"{name}.py")
-  assert spec and spec.loader
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def source_pages() -> set[str]:
