@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from examples.errors import ConfigError
 
-class ConfigError(ValueError):
-  """A configuration that cannot run; the message says what to change."""
+__all__ = ["Config", "ConfigError", "available_configs", "get_config", "override"]
 
 
 @dataclasses.dataclass(frozen=True)
