@@ -2,17 +2,21 @@
 
 Laid out like Flax's ``examples/imagenet/train.py``: :func:`create_train_state`, the step
 functions and :func:`train_and_evaluate`, read top to bottom. The rest lives next door:
-the shared ``examples.input_pipeline`` (datasets), ``examples.models``, ``examples.losses``,
-``examples.optimizers`` (the registry ``config.optimizer`` names), ``examples.metrics``
-(``config.json``, ``metrics.jsonl``) and ``examples.checkpoints`` (Orbax); this program's
+the shared ``examples.input_pipeline`` (datasets), ``examples.training_stream`` (the batches),
+``examples.models``, ``examples.losses``, ``examples.optimizers`` (the registry
+``config.optimizer`` names), ``examples.metrics`` (``config.json``, ``metrics.jsonl``) and
+``examples.checkpoints`` (Orbax); this program's ``batch_schedule`` (the S of every update),
 ``parallel`` (batch layout and the shard_map / pmap / GSPMD strategies), ``configs`` and
 ``main`` (the command line).
 
 One update averages S per-worker gradients of ``per_worker_batch`` examples each, computed on
 ``num_devices`` devices that each accumulate ``micro_batches`` of them
 (``ol.accumulate_grad_stats``), so S = devices x micro-batches and any batch size runs on any
-number of devices. Every run writes ``config.json`` and ``metrics.jsonl`` to its workdir and,
-when ``checkpoint_every > 0``, resumes from the last checkpoint there.
+number of devices. One loop runs every run: before each update it asks the batch schedule of
+``config.batch_ramp`` for that update's S, the same S throughout by default or a ramp (steps,
+the gradient noise scale, Seesaw), and takes that many per-worker batches from the stream.
+Every run writes ``config.json`` and ``metrics.jsonl`` to its workdir and, when
+``checkpoint_every > 0``, resumes from the last checkpoint there.
 """
 
 from __future__ import annotations
@@ -554,9 +558,3 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
     manager.wait_until_finished()
     manager.close()
   return strategy.from_device(device_state)
-
-
-if __name__ == "__main__":  # `python -m examples.lena.train` works too; examples.main is the CLI
-  from examples.lena import main as main_lib
-
-  main_lib.main()
