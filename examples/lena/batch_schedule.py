@@ -346,6 +346,15 @@ def from_config(config: Config) -> BatchSchedule:
   Raises:
     ConfigError: an unknown or malformed ``batch_ramp`` (the message names the valid forms), or
       Seesaw without a decaying rate.
+
+  Examples:
+    >>> from examples.lena import batch_schedule, configs
+    >>> config = configs.get_config("tiny_test")
+    >>> batch_schedule.from_config(config)
+    Fixed(num_samples=8)
+    >>> ramp = configs.override(config, ["batch_ramp=steps:0:2,12:8"])
+    >>> batch_schedule.from_config(ramp)
+    Steps(steps=((0, 2), (12, 8)))
   """
   spec = config.batch_ramp
   kind, _, rest = spec.strip().partition(":")

@@ -392,23 +392,23 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
 
   model = create_model(config, data.num_classes)
   entry = optimizers.get(config.optimizer)
-  hps = {s: scheduled_hyperparams(config, s, schedule, plan) for s in schedule.sizes()}
-  for hp in hps.values():  # a warm-up or reference batch the optimizer refuses fails here
-    _build(config, hp)
+  hp_at = functools.partial(scheduled_hyperparams, config, schedule=schedule, plan=plan)
+  for s in schedule.sizes():  # a warm-up or reference batch the optimizer refuses fails here
+    _build(config, hp_at(s))
   if config.reference_batch_size:
-    k = hps[first.num_samples].scale  # k = S b / b0: base steps per update
+    k = hp_at(first.num_samples).scale  # k = S b / b0: base steps per update
     info("learning_rate tuned at batch %d: scale k = %d.", config.reference_batch_size, k)
   strategies: dict[int, parallel.Strategy] = {}
 
   def strategy_for(s: int) -> parallel.Strategy:
+    """The step of updates of S per-worker gradients: more micro-batches on the same devices."""
     if s not in strategies:
-      hp = hps[s] if s in hps else scheduled_hyperparams(config, s, schedule, plan)
       layout = dataclasses.replace(first, micro_batches=s // devices)
-      strategies[s] = _strategy(config, entry, hp, layout, data.num_classes)
+      strategies[s] = _strategy(config, entry, hp_at(s), layout, data.num_classes)
     return strategies[s]
 
   rng = jax.random.key(config.seed, impl=None if config.rng_impl == "default" else config.rng_impl)
-  tx = _build(config, hps[first.num_samples])
+  tx = _build(config, hp_at(first.num_samples))
   strategy = strategy_for(first.num_samples)
   state = strategy.on_mesh(create_train_state(rng, model, tx, data.input_shape))
   progress = Progress(0, 0, first.num_samples)
