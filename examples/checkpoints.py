@@ -25,14 +25,14 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from examples.lena.configs import Config, ConfigError
+from examples.errors import ConfigError
 from optax_lena import checkpoint_digest
 
 log = logging.getLogger("examples.lena.train")
@@ -47,6 +47,19 @@ ON_DAMAGE = ("fallback", "error")
 
 class DamagedCheckpointError(ConfigError):
   """No checkpoint can be resumed; the message names the step directory and what to do."""
+
+
+class CheckpointSettings(Protocol):
+  """The settings of a run that :func:`manager` reads (the trainer's ``Config`` has them)."""
+
+  @property
+  def checkpoint_every(self) -> int: ...  # updates between checkpoints; 0: none
+
+  @property
+  def keep_checkpoints(self) -> int: ...
+
+  @property
+  def damaged_checkpoints(self) -> str: ...  # one of ON_DAMAGE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,7 +115,7 @@ def _no_good_checkpoint(directory: Path) -> DamagedCheckpointError:
   )
 
 
-def manager(workdir: Path, config: Config) -> ocp.CheckpointManager | None:
+def manager(workdir: Path, config: CheckpointSettings) -> ocp.CheckpointManager | None:
   """Orbax manager of ``workdir/checkpoints`` keeping the last ``keep_checkpoints``; None when
   ``checkpoint_every`` is 0 (no checkpoints, no resuming).
 
@@ -145,10 +158,11 @@ def save(mgr: ocp.CheckpointManager, step: int, tree: dict[str, Any]) -> None:
 
 
 def checkpoint_tree(
-  state: Any, seed: int, global_batch: int, num_train: int, wall_time: float
+  state: Any, seed: int, examples_seen: int, num_train: int, wall_time: float
 ) -> dict[str, Any]:
-  """What a checkpoint holds: the state and where the data stream stands."""
-  epoch, offset = divmod(int(state.step) * global_batch, num_train)
+  """What a checkpoint holds: the state and where the data stream stands (after
+  ``examples_seen`` examples of it)."""
+  epoch, offset = divmod(examples_seen, num_train)
   data = {"seed": seed, "epoch": epoch, "example_in_epoch": offset}
   return {
     "state": state,

@@ -10,13 +10,12 @@ TensorFlow is imported lazily inside the CIFAR functions so that MNIST-1D users 
 never pay for, or get their devices touched by, a TensorFlow import.
 
 The trainer sees a dataset only through :class:`Dataset` (:class:`Mnist1dData`,
-:class:`CifarData`, built by :func:`create_dataset`) and cuts its training stream into global
-batches with :func:`global_batches`.
+:class:`CifarData`, built by :func:`create_dataset` from the fields of :class:`DataConfig`) and
+cuts its training stream into global batches with ``examples.training_stream``.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -25,12 +24,11 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
-if TYPE_CHECKING:  # configs imports nothing of ours; only the type is needed here
-  from examples.lena.configs import Config
+from examples.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
 DATASETS = ("mnist1d", "cifar10", "cifar100")
@@ -385,6 +383,37 @@ def load_cifar(
 # ----------------------------------------------------------------------------------------------
 
 
+class DataConfig(Protocol):
+  """The fields of a run's configuration that the datasets read (the trainer's ``Config``)."""
+
+  @property
+  def dataset(self) -> str: ...  # one of DATASETS
+
+  @property
+  def data_dir(self) -> str: ...  # CIFAR: the prepared TFDS data_dir ('' = TFDS's default)
+
+  @property
+  def cache_dir(self) -> str: ...  # MNIST-1D: the cache of generated draws
+
+  @property
+  def mnist1d_num_samples(self) -> int: ...
+
+  @property
+  def data_seed(self) -> int: ...  # MNIST-1D: the draw
+
+  @property
+  def num_validation(self) -> int: ...  # MNIST-1D: training examples held out
+
+  @property
+  def eval_split(self) -> str: ...  # 'test' or 'validation'
+
+  @property
+  def eval_batch_size(self) -> int: ...
+
+  @property
+  def seed(self) -> int: ...  # the training stream's order
+
+
 class Dataset(Protocol):
   """What the trainer needs from a dataset.
 
@@ -461,7 +490,7 @@ class Mnist1dData:
   num_classes = 10
   input_shape: tuple[int, ...] = (40,)
 
-  def __init__(self, config: Config, eval_batch: int):
+  def __init__(self, config: DataConfig, eval_batch: int):
     d = load_mnist1d(
       config.cache_dir,
       config.data_seed,
@@ -472,8 +501,6 @@ class Mnist1dData:
     split = {"test": "test", "validation": "val"}[config.eval_split]
     self.x_eval, self.y_eval = d[f"x_{split}"], d[f"y_{split}"]
     if not len(self.y_eval):
-      from examples.lena.configs import ConfigError
-
       raise ConfigError("eval_split='validation' on MNIST-1D needs num_validation > 0.")
     self.eval_batch, self.seed = eval_batch, config.seed
     self.num_train = len(self.y_train)
@@ -501,7 +528,7 @@ class CifarData:
   input_shape: tuple[int, ...] = (32, 32, 3)
   chunk = 1024  # examples per tf.data batch; global batches are cut from these
 
-  def __init__(self, config: Config, eval_batch: int):
+  def __init__(self, config: DataConfig, eval_batch: int):
     self.name, self.data_dir = config.dataset, config.data_dir or None
     self.num_classes = CIFAR_NUM_CLASSES[self.name]
     self.num_train = CIFAR_SPLIT_SIZES["train"]
@@ -536,62 +563,10 @@ class CifarData:
     return _padded_eval_batches(((b["image"], b["label"]) for b in it), self.eval_batch)
 
 
-def create_dataset(config: Config, num_devices: int = 1) -> Dataset:
+def create_dataset(config: DataConfig, num_devices: int = 1) -> Dataset:
   """The dataset of ``config.dataset``; evaluation batches are padded to a multiple of
   ``num_devices`` so that they shard evenly."""
   eval_batch = -(-config.eval_batch_size // num_devices) * num_devices
   if config.dataset == "mnist1d":
     return Mnist1dData(config, eval_batch)
   return CifarData(config, eval_batch)
-
-
-def global_batches(
-  data: Dataset, global_batch: int, start_step: int = 0, part: StreamPart | None = None
-) -> Iterator[Batch]:
-  """The training stream cut into global batches, starting with update ``start_step``.
-
-  The stream is epoch 0, epoch 1, ... in the per-(seed, epoch) order of
-  ``data.epoch_examples``, and a batch may straddle two epochs. So no example is dropped at
-  any batch size (a 16k batch would otherwise skip 27% of CIFAR-10's 45k images every epoch),
-  and the position of update ``t`` is simply example ``t * global_batch`` of the stream,
-  which is what makes resuming exact.
-
-  Args:
-    data: the dataset.
-    global_batch: examples per update.
-    start_step: the first update to produce.
-    part: only this share of every global batch (one process's rows, :func:`process_part`);
-      None: the whole batch.
-
-  Yields:
-    ``{'x': [global_batch, ...], 'y': [global_batch]}`` (``part.size`` rows with ``part``).
-  """
-  epoch, skip = divmod(start_step * global_batch, data.num_train)
-  if part is not None:  # the part's own examples among those skipped in the first epoch
-    first = epoch * data.num_train
-    skip = int(np.count_nonzero(part.keep(np.arange(first, first + skip))))
-    global_batch = part.size
-  pending: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
-  have = 0
-  while True:
-    for x, y in data.epoch_examples(epoch, part):
-      if skip:  # resuming mid-epoch: drop what the checkpointed run already used
-        x, y, skip = x[skip:], y[skip:], max(0, skip - len(y))
-      pending.append((x, y))
-      have += len(y)
-      while have >= global_batch:
-        # Cut one batch off the front of the pending chunks (slices are views).
-        xs, ys, need = [], [], global_batch
-        while need:
-          x0, y0 = pending[0]
-          take = min(need, len(y0))
-          xs.append(x0[:take])
-          ys.append(y0[:take])
-          if take == len(y0):
-            pending.popleft()
-          else:
-            pending[0] = (x0[take:], y0[take:])
-          need -= take
-        have -= global_batch
-        yield {"x": np.concatenate(xs), "y": np.concatenate(ys)}
-    epoch += 1

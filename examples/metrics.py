@@ -18,7 +18,7 @@ from typing import Any
 import optax
 
 import optax_lena as ol
-from examples.lena.configs import ConfigError
+from examples.errors import ConfigError
 
 log = logging.getLogger("examples.lena.train")
 # Per-layer diagnostics written as {layer: value} dicts.

@@ -10,8 +10,8 @@ Its public entry, part of the kit the benchmarks and the notebook import (see
   config = lena.override(lena.get_config("tiny_test"), ["optimizer=lena"])
   state = lena.train_and_evaluate(config, "runs/tiny")
 
-The trainer is imported on first use, so that ``examples.lena.configs`` stays light (the shared
-input pipeline and checkpoints read its :class:`Config`).
+The trainer is imported on first use, so that ``from examples import lena`` for a
+:class:`Config` stays light (no JAX).
 """
 
 from __future__ import annotations

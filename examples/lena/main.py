@@ -27,7 +27,7 @@ import jax
 import tqdm.contrib.logging
 
 from examples.lena import configs as configs_lib
-from examples.lena import distributed, faults, train
+from examples.lena import distributed, train
 
 
 def parse_args(
@@ -107,7 +107,6 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   try:
     distributed.initialize(options)  # before anything touches a device
-    faults.install()
     with tqdm.contrib.logging.logging_redirect_tqdm():  # log lines above the progress bar
       train.train_and_evaluate(config, workdir)
     distributed.mark_finished()

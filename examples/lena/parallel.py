@@ -70,6 +70,27 @@ class BatchLayout:
     return self.num_samples * self.per_worker_batch
 
 
+def num_samples(config: Config) -> int:
+  """S of ``config``: ``batch_scale``, or ``global_batch_size / per_worker_batch`` when set.
+
+  Raises:
+    ConfigError: a batch that is not positive or not whole per-worker batches.
+  """
+  b = config.per_worker_batch
+  if b < 1:
+    raise ConfigError(f"per_worker_batch must be positive, got {b}.")
+  if config.global_batch_size > 0:
+    if config.global_batch_size % b:
+      raise ConfigError(
+        f"global_batch_size {config.global_batch_size} is not a multiple of per_worker_batch "
+        f"{b}; use e.g. global_batch_size={max(1, config.global_batch_size // b) * b}."
+      )
+    return config.global_batch_size // b
+  if config.batch_scale < 1:
+    raise ConfigError(f"batch_scale must be positive, got {config.batch_scale}.")
+  return config.batch_scale
+
+
 def batch_layout(config: Config, device_count: int, process_count: int = 1) -> BatchLayout:
   """Splits the global batch into devices x micro-batches x per-worker batch.
 
@@ -85,22 +106,8 @@ def batch_layout(config: Config, device_count: int, process_count: int = 1) -> B
   Raises:
     ConfigError: if the numbers do not multiply up (the message says what to change).
   """
-  b = config.per_worker_batch
-  if b < 1:
-    raise ConfigError(f"per_worker_batch must be positive, got {b}.")
-  if config.global_batch_size > 0:
-    global_batch = config.global_batch_size
-    if global_batch % b:
-      raise ConfigError(
-        f"global_batch_size {global_batch} is not a multiple of per_worker_batch {b}; "
-        f"use e.g. global_batch_size={max(1, global_batch // b) * b}."
-      )
-    s = global_batch // b
-  else:
-    s = config.batch_scale
-    if s < 1:
-      raise ConfigError(f"batch_scale must be positive, got {s}.")
-    global_batch = s * b
+  b, s = config.per_worker_batch, num_samples(config)
+  global_batch = s * b
   mp, procs = config.model_parallel, process_count
   if (device_count // procs) % mp:
     raise ConfigError(

@@ -119,11 +119,17 @@ def _die_with_parent() -> None:  # in the child, before exec
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def run(argv: Sequence[str]) -> int:
-  """Runs ``python -m examples.main argv`` as a child; returns the exit status to end with."""
+def run(argv: Sequence[str], program: str = "examples.main") -> int:
+  """Runs ``python -m program argv`` as a child; returns the exit status to end with.
+
+  Args:
+    argv: the command line of this process of the run (its resume command names it).
+    program: the module the child runs: the command that started this supervisor, which in
+      the child (marked supervised) runs the trainer itself.
+  """
   env = {**os.environ, ENV_PID: str(os.getpid())}
   child = subprocess.Popen(
-    [sys.executable, "-m", "examples.main", *argv],
+    [sys.executable, "-m", program, *argv],
     stderr=subprocess.PIPE,
     env=env,
     preexec_fn=_die_with_parent if sys.platform == "linux" else None,

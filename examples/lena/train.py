@@ -2,17 +2,21 @@
 
 Laid out like Flax's ``examples/imagenet/train.py``: :func:`create_train_state`, the step
 functions and :func:`train_and_evaluate`, read top to bottom. The rest lives next door:
-the shared ``examples.input_pipeline`` (datasets), ``examples.models``, ``examples.losses``,
-``examples.optimizers`` (the registry ``config.optimizer`` names), ``examples.metrics``
-(``config.json``, ``metrics.jsonl``) and ``examples.checkpoints`` (Orbax); this program's
+the shared ``examples.input_pipeline`` (datasets), ``examples.training_stream`` (the batches),
+``examples.models``, ``examples.losses``, ``examples.optimizers`` (the registry
+``config.optimizer`` names), ``examples.metrics`` (``config.json``, ``metrics.jsonl``) and
+``examples.checkpoints`` (Orbax); this program's ``batch_schedule`` (the S of every update),
 ``parallel`` (batch layout and the shard_map / pmap / GSPMD strategies), ``configs`` and
 ``main`` (the command line).
 
 One update averages S per-worker gradients of ``per_worker_batch`` examples each, computed on
 ``num_devices`` devices that each accumulate ``micro_batches`` of them
 (``ol.accumulate_grad_stats``), so S = devices x micro-batches and any batch size runs on any
-number of devices. Every run writes ``config.json`` and ``metrics.jsonl`` to its workdir and,
-when ``checkpoint_every > 0``, resumes from the last checkpoint there.
+number of devices. One loop runs every run: before each update it asks the batch schedule of
+``config.batch_ramp`` for that update's S, the same S throughout by default or a ramp (steps,
+the gradient noise scale, Seesaw), and takes that many per-worker batches from the stream.
+Every run writes ``config.json`` and ``metrics.jsonl`` to its workdir and, when
+``checkpoint_every > 0``, resumes from the last checkpoint there.
 """
 
 from __future__ import annotations
@@ -33,8 +37,17 @@ import optax
 import tqdm
 
 import optax_lena as ol
-from examples import checkpoints, input_pipeline, losses, metrics, models, optimizers
-from examples.lena import mesh, parallel
+from examples import (
+  checkpoints,
+  input_pipeline,
+  losses,
+  metrics,
+  models,
+  optimizers,
+  training_stream,
+)
+from examples.lena import batch_schedule, mesh, parallel
+from examples.lena.batch_schedule import BatchSchedule, Plan, Progress
 from examples.lena.configs import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -109,11 +122,7 @@ def create_optimizer(
     ConfigError: a warm-up or a reference batch the optimizer does not take, or a reference
       batch that does not divide the global batch (the message names the fix).
   """
-  hp = hyperparams(config, num_samples, total_steps)
-  try:
-    return optimizers.build(config.optimizer, hp)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  return _build(config, hyperparams(config, num_samples, total_steps))
 
 
 @functools.cache
@@ -267,7 +276,8 @@ def evaluate_split(config: Config, state: TrainState, split: str = "test") -> di
 
 
 def validate_config(config: Config) -> None:
-  """Raises ConfigError naming the valid choices for every unknown name in ``config``."""
+  """Raises ConfigError naming the valid choices for every unknown name in ``config``, and for
+  a ``batch_ramp`` that does not parse."""
   choices = {
     "optimizer": optimizers.names(),
     "warmup": ("default", *optimizers.WARMUPS),
@@ -286,19 +296,58 @@ def validate_config(config: Config) -> None:
     value = getattr(config, key)
     if (value.lower() if key == "model" else value) not in valid:
       raise ConfigError(f"Unknown {key} {value!r}; valid {key}s: {', '.join(valid)}.")
+  batch_schedule.check_optimizer(batch_schedule.from_config(config), config)
 
 
-def run_length(config: Config, num_train: int, layout: parallel.BatchLayout) -> tuple[int, int]:
-  """``(total_steps, eval_every)``: ``num_steps`` or ``num_epochs x num_train`` examples in whole
-  updates; evaluation every ``eval_every`` updates, by default about once an epoch."""
-  per_epoch = num_train / layout.global_batch
-  total = config.num_steps if config.num_steps > 0 else int(config.num_epochs * per_epoch)
-  every = config.eval_every if config.eval_every > 0 else max(1, round(per_epoch))
-  return max(total, 1), every
+def scheduled_hyperparams(
+  config: Config, num_samples: int, schedule: BatchSchedule, plan: Plan
+) -> batch_schedule.ScheduledHyperparams:
+  """:func:`hyperparams` for updates of ``num_samples`` per-worker gradients in a run of
+  ``plan``: the rate schedule and warm-ups span the run's base steps, times the schedule's
+  rate factor at that S (for a fixed S, exactly :func:`hyperparams`' values)."""
+  hp = hyperparams(config, num_samples, plan.updates or 1)
+  return batch_schedule.ScheduledHyperparams(
+    **dataclasses.asdict(hp),
+    run_base_steps=plan.base_steps,
+    rate_factor=schedule.rate_factor(num_samples),
+  )
+
+
+def _build(config: Config, hp: optimizers.Hyperparams) -> optax.GradientTransformationExtraArgs:
+  try:
+    return optimizers.build(config.optimizer, hp)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+@functools.lru_cache(maxsize=8)
+def _strategy(
+  config: Config,
+  entry: optimizers.Optimizer,
+  hp: optimizers.Hyperparams,
+  layout: parallel.BatchLayout,
+  num_classes: int,
+) -> parallel.Strategy:
+  # One transformation and one compiled step per S of a run, made on first use and kept a while
+  # for the process (like the initialiser): a run resumed in the same process, or a ramp that
+  # returns to an S, compiles nothing. The registry entry is part of the key: a study may
+  # register another optimizer under the same name.
+  del entry
+  model = create_model(config, num_classes)
+  return parallel.create(
+    config.parallel,
+    layout,
+    functools.partial(worker_grads, model=model),
+    functools.partial(apply_update, tx=_build(config, hp)),
+    config.sharding_mode,
+  )
 
 
 def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates.
+
+  Every update asks the batch schedule of ``config.batch_ramp`` (``batch_schedule``) for its S:
+  the same S throughout by default, or a ramp.
 
   Args:
     config: the run's configuration.
@@ -312,101 +361,141 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   Returns:
     The final train state (on the devices' mesh: replicated, or its kernels split over the
     ``model`` axis with ``model_parallel > 1``).
+
+  Raises:
+    ConfigError: a setting that cannot run (the message names the fix).
   """
   validate_config(config)
-  if config.batch_ramp != "none":  # S changes during the run: the ramp's own loop
-    from examples.lena import ramp
-
-    return ramp.train_and_evaluate(config, workdir)
+  schedule = batch_schedule.from_config(config)
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
   if is_main:
     workdir.mkdir(parents=True, exist_ok=True)
   info = log.info if is_main else lambda *args: None
-  layout = parallel.batch_layout(config, jax.device_count(), jax.process_count())
-  s, global_batch = layout.num_samples, layout.global_batch
-  data = input_pipeline.create_dataset(config, layout.num_devices)
-  if data.num_train < global_batch:
-    raise ConfigError(
-      f"The global batch {global_batch} exceeds the {data.num_train} training examples; "
-      "lower batch_scale or per_worker_batch."
+  first = parallel.batch_layout(
+    schedule.layout_config(config), jax.device_count(), jax.process_count()
+  )
+  b, devices = config.per_worker_batch, first.num_devices
+  data = input_pipeline.create_dataset(config, devices)
+  plan = schedule.plan(config, data.num_train, devices)
+  if plan.updates is not None:
+    length = f"{plan.updates} updates, {data.num_train / first.global_batch:.2f} per epoch"
+  else:
+    length = (
+      f"batch_ramp {config.batch_ramp!r} up to S={plan.max_num_samples}, {plan.examples} examples"
     )
-  total_steps, eval_every = run_length(config, data.num_train, layout)
   info(
-    "Global batch %d = %d devices x %d micro-batches x %d examples (S=%d); %d updates, "
-    "%.2f per epoch; %s%s.",
-    *(global_batch, layout.num_devices, layout.micro_batches, layout.per_worker_batch, s),
-    *(total_steps, data.num_train / global_batch, config.parallel),
-    parallel.describe_placement(layout),
+    "Global batch %d = %d devices x %d micro-batches x %d examples (S=%d); %s; %s%s.",
+    *(first.global_batch, devices, first.micro_batches, b, first.num_samples, length),
+    *(config.parallel, parallel.describe_placement(first)),
   )
 
   model = create_model(config, data.num_classes)
-  tx = create_optimizer(config, s, total_steps)
-  scale = hyperparams(config, s, total_steps).scale  # k = S b / b0: base steps per update
+  entry = optimizers.get(config.optimizer)
+  hp_at = functools.partial(scheduled_hyperparams, config, schedule=schedule, plan=plan)
+  for s in schedule.sizes():  # a warm-up or reference batch the optimizer refuses fails here
+    _build(config, hp_at(s))
   if config.reference_batch_size:
-    info("learning_rate tuned at batch %d: scale k = %d.", config.reference_batch_size, scale)
-  strategy = parallel.create(
-    config.parallel,
-    layout,
-    functools.partial(worker_grads, model=model),
-    functools.partial(apply_update, tx=tx),
-    config.sharding_mode,
-  )
+    k = hp_at(first.num_samples).scale  # k = S b / b0: base steps per update
+    info("learning_rate tuned at batch %d: scale k = %d.", config.reference_batch_size, k)
+  strategies: dict[int, parallel.Strategy] = {}
+
+  def strategy_for(s: int) -> parallel.Strategy:
+    """The step of updates of S per-worker gradients: more micro-batches on the same devices."""
+    if s not in strategies:
+      layout = dataclasses.replace(first, micro_batches=s // devices)
+      strategies[s] = _strategy(config, entry, hp_at(s), layout, data.num_classes)
+    return strategies[s]
+
   rng = jax.random.key(config.seed, impl=None if config.rng_impl == "default" else config.rng_impl)
+  tx = _build(config, hp_at(first.num_samples))
+  strategy = strategy_for(first.num_samples)
   state = strategy.on_mesh(create_train_state(rng, model, tx, data.input_shape))
-  logs_diagnostics = optimizers.get(config.optimizer).diagnostics
+  progress = Progress(0, 0, first.num_samples)
+
+  def checkpoint(state: Any, at: Progress, wall_time: float) -> dict[str, Any]:
+    seen = at.samples_seen
+    tree = checkpoints.checkpoint_tree(state, config.seed, seen, data.num_train, wall_time)
+    if schedule.ramped:  # a fixed S's progress is its step
+      tree["ramp"] = batch_schedule.progress_arrays(at)
+    return tree
 
   # Resume from the last checkpoint, if any.
   wall_offset = 0.0
-  manager, restored = checkpoints.manager(workdir, config), None
+  manager = checkpoints.manager(workdir, config)
+  restored = None
   if manager is not None:
-    template = checkpoints.checkpoint_tree(state, config.seed, global_batch, data.num_train, 0)
     restored = checkpoints.restore_latest(
-      manager, template, config.seed, config.damaged_checkpoints
+      manager, checkpoint(state, progress, 0.0), config.seed, config.damaged_checkpoints
     )
   if restored is not None:
     state, wall_offset = restored["state"], float(restored["wall_time"])
+    step = int(state.step)
+    if schedule.ramped:
+      ramp = restored["ramp"]
+      progress = Progress(step, int(ramp["samples_seen"]), int(ramp["num_samples"]))
+    else:
+      progress = Progress(step, step * first.global_batch, first.num_samples)
     info(
-      "Resumed from checkpoint at step %d (epoch %d, example %d).",
-      *(int(state.step), int(restored["data"]["epoch"]), int(restored["data"]["example_in_epoch"])),
+      "Resumed from checkpoint at step %d (epoch %d, example %d; S=%d).",
+      *(step, int(restored["data"]["epoch"]), int(restored["data"]["example_in_epoch"])),
+      progress.num_samples,
     )
-  start_step = int(state.step)
-  layout_record = {**dataclasses.asdict(layout), "num_samples": s, "global_batch": global_batch}
+  start_step = progress.updates
+  layout_record = {
+    **dataclasses.asdict(first),
+    "num_samples": first.num_samples,
+    "global_batch": first.global_batch,
+  }
   metrics.write_config(
     workdir if is_main else None,
     {
       **dataclasses.asdict(config),
       "layout": layout_record,
-      "total_steps": total_steps,
+      "total_steps": plan.updates,
+      "budget_examples": plan.examples,
       "num_train": data.num_train,
     },
     resuming=start_step > 0,
   )
   writer = metrics.MetricsWriter(workdir if is_main else None, start_step)
 
-  def record(step: int, kind: str, host_state: TrainState) -> dict[str, Any]:
+  def record(kind: str, host_state: TrainState) -> dict[str, Any]:
     """A metrics record; train loss and accuracy average the updates since the last."""
     window = mesh.host_value(train_metrics)
     mean = lambda k: float(np.mean([np.mean(m[k]) for m in window])) if window else None
     rec = {
       "type": kind,
-      "iteration": step,
-      "epoch": step * global_batch / data.num_train,
-      "base_steps": step * scale,
+      "iteration": progress.updates,
+      "epoch": progress.samples_seen / data.num_train,
+      "base_steps": batch_schedule.base_steps(progress.samples_seen, config),
       "wall_time": wall_offset + time.perf_counter() - t0,
       "train_loss": mean("loss"),
       "train_accuracy": mean("accuracy"),
-      "num_samples": s,  # S of the last update (fixed here; examples/lena/ramp.py varies it)
+      "num_samples": progress.num_samples,  # S of the last update
+      "samples_seen": progress.samples_seen,
     }
-    if logs_diagnostics:
+    if entry.diagnostics:
       rec.update(metrics.diagnostics_record(host_state.opt_state, host_state.params))
+      # Per-worker batches; None where the estimate is not finite.
+      rec["critical_batch_size"] = ol.flat_diagnostics(host_state.opt_state).get(
+        "critical_batch_size"
+      )
     return rec
 
   # The training loop.
   device_state = strategy.to_device(state)
-  # This process's rows of every global batch (all of them on one process).
-  part = input_pipeline.process_part(global_batch, jax.process_index(), jax.process_count())
-  batches = input_pipeline.global_batches(data, global_batch, start_step, part)
+
+  def opt_state() -> optax.OptState:  # what a noise ramp reads, when it does
+    return strategy.from_device(device_state).opt_state
+
+  stream = training_stream.ExampleStream(
+    data,
+    progress.samples_seen,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    batch_size=0 if schedule.ramped else first.global_batch,
+  )
   train_metrics: list[dict[str, jax.Array]] = []
   # CPU processes joined over gloo: a collective that fails on some of this process's devices (a
   # peer died) lets those devices start the next queued program while the others still wait in
@@ -416,54 +505,56 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
   one_step_in_flight = mesh.collectives_over_gloo()
   t0 = time.perf_counter()
   bar = tqdm.tqdm(
-    range(start_step, total_steps),
-    initial=start_step,
-    total=total_steps,
-    desc=f"{config.optimizer} S={s}",
-    unit="it",
+    total=plan.examples,
+    initial=min(progress.samples_seen, plan.examples),
+    desc=f"{config.optimizer} S={progress.num_samples}",
+    unit="ex",
+    unit_scale=True,
     dynamic_ncols=True,
     disable=None if config.progress_bar and is_main else True,  # None: off if not a tty
   )
-  for step in bar:
-    device_state, step_metrics = strategy.step(device_state, strategy.shard_batch(next(batches)))
+  while progress.samples_seen < plan.examples:
+    s = schedule.next_num_samples(progress, plan, opt_state)
+    if s != progress.num_samples:
+      bar.set_description(f"{config.optimizer} S={s}", refresh=False)
+    strategy = strategy_for(s)
+    batch = strategy.shard_batch(stream.take(s * b))
+    device_state, step_metrics = strategy.step(device_state, batch)
     if one_step_in_flight:
       jax.block_until_ready(device_state)
     train_metrics.append(step_metrics)
-    done = step + 1
-    is_eval = done % eval_every == 0 or done == total_steps
+    epoch_before = progress.samples_seen // data.num_train
+    progress = progress.after(s, b)
+    bar.update(s * b)
+    done, last = progress.updates, progress.samples_seen >= plan.examples
+    if plan.eval_every > 0:
+      is_eval = done % plan.eval_every == 0 or last
+    else:
+      is_eval = progress.samples_seen // data.num_train > epoch_before or last
     is_log = config.log_every > 0 and done % config.log_every == 0
-    is_ckpt = manager is not None and (done % config.checkpoint_every == 0 or done == total_steps)
+    is_ckpt = manager is not None and (done % config.checkpoint_every == 0 or last)
     if not (is_eval or is_log or is_ckpt):
       continue  # no host synchronisation: dispatch runs ahead
     host_state = strategy.from_device(device_state)
     rec = None
     if is_eval:
-      rec = record(done, "eval", host_state)
+      rec = record("eval", host_state)
       rec.update(evaluate(host_state, data, strategy, model), eval_split=config.eval_split)
       bar.set_postfix(loss=f"{rec['train_loss']:.3f}", acc=f"{rec['eval_accuracy']:.3f}")
       info(
-        "step %d epoch %.2f: train loss %.4f, %s accuracy %.4f",
-        *(done, rec["epoch"], rec["train_loss"], config.eval_split, rec["eval_accuracy"]),
+        "step %d epoch %.2f S=%d: train loss %.4f, %s accuracy %.4f",
+        *(done, rec["epoch"], s, rec["train_loss"], config.eval_split, rec["eval_accuracy"]),
       )
     elif is_log:
-      rec = record(done, "train", host_state)
+      rec = record("train", host_state)
     if rec is not None:
       writer.write(rec)
       train_metrics = []
     if manager is not None and is_ckpt:
       wall = wall_offset + time.perf_counter() - t0
-      tree = checkpoints.checkpoint_tree(
-        host_state, config.seed, global_batch, data.num_train, wall
-      )
-      checkpoints.save(manager, done, tree)  # then its digest
+      checkpoints.save(manager, done, checkpoint(host_state, progress, wall))  # then its digest
   bar.close()
   if manager is not None:
     manager.wait_until_finished()
     manager.close()
   return strategy.from_device(device_state)
-
-
-if __name__ == "__main__":  # `python -m examples.lena.train` works too; examples.main is the CLI
-  from examples.lena import main as main_lib
-
-  main_lib.main()

@@ -106,6 +106,31 @@ def test_kit_is_declared_in_the_package_docstring() -> None:
   assert "train_and_evaluate" in _lena_public()
 
 
+def _imported_modules(source: str) -> set[str]:
+  """Every module ``source`` imports, at any depth (function-local and TYPE_CHECKING too)."""
+  names: set[str] = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names.add(node.module)
+      names.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return names
+
+
+@pytest.mark.parametrize("module", [m for m in _kit() if m != "examples.lena"])
+def test_the_kit_imports_no_program(module: str) -> None:
+  """The shared pieces stand below the programs: nothing of ``examples.lena`` (nor of the
+  ALADDIN program) is imported by them, so a program's internals never reach back into them."""
+  path = REPO_ROOT / (module.replace(".", "/") + ".py")
+  programs = [
+    name
+    for name in _imported_modules(path.read_text())
+    if name.startswith(("examples.lena", "examples.aladdin"))
+  ]
+  assert programs == [], programs
+
+
 def test_lena_public_names_resolve() -> None:
   from examples import lena
 

@@ -2,15 +2,17 @@
 machine, each process with 4 simulated CPU devices, joined by ``jax.distributed`` (gloo).
 
 * 2 processes x 4 devices give the parameters, optimizer state and metrics of 1 process x 8
-  devices after 6 updates, for LENA with micro-batches (shard_map) and for SGD (GSPMD). Not
-  bitwise: the cross-process all-reduce adds the devices' partial sums in another order than the
-  in-process one (observed 2.3e-7 of a leaf's largest entry), so float32 rounding is asserted;
-  reading the wrong rows of a batch changes the parameters by ~1e-2.
-* A run stopped after its checkpoint at update 3 and started again continues bitwise as the
+  devices after 6 updates, for a LENA batch ramp (S = 8 for 4 updates, then 16: one, then two
+  micro-batches per device, shard_map) and for SGD at a fixed S (GSPMD). Not bitwise: the
+  cross-process all-reduce adds the devices' partial sums in another order than the in-process
+  one (observed 2.3e-7 of a leaf's largest entry), so float32 rounding is asserted; reading the
+  wrong rows of a batch changes the parameters by ~1e-2.
+* The ramp stopped after its checkpoint at update 3 and started again continues bitwise as the
   uninterrupted multi-process run (same processes, same programs).
-* A process killed mid-step (in CI; mid-save, mid-evaluation and the coordinator's process in
-  the slow set) makes the other exit within seconds, with default flags, status 1 and one
-  message naming the dead process and the resume command; the newest checkpoint is complete.
+* A process of the ramp killed mid-step (in CI; mid-save, mid-evaluation and the coordinator's
+  process in the slow set; ``tests/examples/faults.py``) makes the other exit within seconds,
+  with default flags, status 1 and one message naming the dead process and the resume command;
+  the newest checkpoint is complete.
 * A wrong ``--num_processes`` or an unreachable coordinator ends every process after
   ``--initialization_timeout`` with a message naming what to fix.
 
@@ -36,8 +38,9 @@ import numpy as np
 import pytest
 
 from examples import checkpoints, metrics
-from examples.lena import distributed, faults, train
+from examples.lena import distributed, train
 from examples.lena import main as cli
+from tests.examples import faults
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEVICES_PER_PROCESS = 4
@@ -46,8 +49,9 @@ RUN_TIMEOUT_S = 400
 # Parameters of differently ordered float32 reductions: see the module docstring.
 RTOL = 2e-6
 COMMON = ["--config", "tiny_test", "--set", "progress_bar=false"]
-LENA_MICRO = [
-  *("--set", "optimizer=lena", "--set", "batch_scale=16", "--set", "micro_batches=2"),
+# 4 updates of S = 8, then 2 of S = 16 (the budget: 8 updates of the first S).
+LENA_RAMP = [
+  *("--set", "optimizer=lena", "--set", "batch_ramp=steps:0:8,4:16", "--set", "num_steps=8"),
   *("--set", "checkpoint_every=3"),
 ]
 SGD_GSPMD = [*("--set", "optimizer=sgd", "--set", "parallel=gspmd", "--set", "checkpoint_every=6")]
@@ -78,13 +82,21 @@ def _env(cache_dir: str) -> dict[str, str]:
 class Processes:
   """``python -m examples.main`` processes of one run, their logs in ``log_dir``."""
 
-  def __init__(self, args: list[str], ids: list[int], num_processes: int, log_dir: Path, env):
+  def __init__(
+    self,
+    args: list[str],
+    ids: list[int],
+    num_processes: int,
+    log_dir: Path,
+    env,
+    program: str = "examples.main",
+  ):
     self.logs = [open(log_dir / f"process_{i}.log", "w+") for i in ids]  # noqa: SIM115
     coordinator = f"127.0.0.1:{_free_port()}"
     self.procs = [
       subprocess.Popen(
         [
-          *(sys.executable, "-m", "examples.main", *args),
+          *(sys.executable, "-m", program, *args),
           *(f"--coordinator_address={coordinator}", f"--num_processes={num_processes}"),
           f"--process_id={i}",
         ],
@@ -186,19 +198,23 @@ def _assert_written_once(logs: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def lena_runs(tmp_path_factory, cache_dir: str) -> dict[str, Path]:
-  """LENA with micro-batches: 2 x 4 (checkpoints at 3 and 6), and 1 x 8."""
+  """The LENA ramp: 2 x 4 (checkpoints at 3 and 6), and 1 x 8."""
   root = tmp_path_factory.mktemp("multihost_lena")
-  logs = _run_2x4(root / "multi", LENA_MICRO, cache_dir)
-  _run_1x8(root / "single", LENA_MICRO, cache_dir)
+  logs = _run_2x4(root / "multi", LENA_RAMP, cache_dir)
+  _run_1x8(root / "single", LENA_RAMP, cache_dir)
   return {"root": root, "multi": root / "multi", "single": root / "single", "logs": logs}
 
 
 @pytest.mark.xdist_group("multihost_lena")
-def test_lena_micro_batches_2x4_equals_1x8(lena_runs) -> None:
-  assert "8 devices x 2 micro-batches" in lena_runs["logs"][0]
+def test_lena_ramp_2x4_equals_1x8(lena_runs) -> None:
+  assert "8 devices x 1 micro-batches x 8 examples (S=8)" in lena_runs["logs"][0]
   assert "on 2 processes" in lena_runs["logs"][0]
   _assert_written_once(lena_runs["logs"])
   _assert_same_run(lena_runs["multi"], lena_runs["single"])
+  records = metrics.read_metrics(lena_runs["multi"], None)
+  assert [(r["iteration"], r["num_samples"]) for r in records] == [
+    *((2, 8), (3, 8), (4, 8), (6, 16)),
+  ]
 
 
 @pytest.mark.xdist_group("multihost_lena")
@@ -206,7 +222,7 @@ def test_stop_and_resume_across_processes_continues_bitwise(lena_runs, cache_dir
   resumed = lena_runs["root"] / "resumed"
   shutil.copytree(lena_runs["multi"], resumed)
   shutil.rmtree(resumed / "checkpoints" / "6")  # stopped right after the checkpoint at 3
-  logs = _run_2x4(resumed, LENA_MICRO, cache_dir)
+  logs = _run_2x4(resumed, LENA_RAMP, cache_dir)
   assert "Resumed from checkpoint at step 3" in logs[0]
   for a, b in zip(_leaves(resumed), _leaves(lena_runs["multi"]), strict=True):
     np.testing.assert_array_equal(a, b)
@@ -239,16 +255,16 @@ DEAD_PEER_BOUND_S = 40
   ],
 )
 def test_a_dead_peer_ends_the_survivor_cleanly(lena_runs, cache_dir: str, fault: str) -> None:
-  """The LENA run again (compiled already), checkpoints at 2 and 4, one process killed
-  (SIGKILL, by ``examples.lena.faults``): the other exits with status 1 and one message naming
+  """The LENA ramp again (compiled already), checkpoints at 2 and 4, one process killed
+  (SIGKILL, by ``tests.examples.faults``): the other exits with status 1 and one message naming
   the dead process and the resume command, no C++ abort or stack trace, and the newest
   checkpoint on disk is a complete one."""
   name = "killed_" + fault.replace(":", "_")
   workdir, logs = lena_runs["root"] / name, lena_runs["root"] / f"{name}_logs"
   logs.mkdir()
   env = {**_env(cache_dir), "EXAMPLES_LENA_FAULT": fault}
-  args = [*COMMON, *LENA_MICRO, "--set=checkpoint_every=2", f"--set=cache_dir={cache_dir}"]
-  procs = Processes([*args, f"--workdir={workdir}"], [0, 1], 2, logs, env)
+  args = [*COMMON, *LENA_RAMP, "--set=checkpoint_every=2", f"--set=cache_dir={cache_dir}"]
+  procs = Processes([*args, f"--workdir={workdir}"], [0, 1], 2, logs, env, faults.PROGRAM)
   dead = int(fault[0])
   survivor = procs.procs[1 - dead]
   try:
@@ -371,11 +387,8 @@ def test_launcher_detection(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_model_parallel_2x4_equals_unsharded_1x8(path: str, tmp_path: Path, cache_dir: str) -> None:
   """Kernels split over 2 devices of each process's 4 (2 data rows per process): the parameters
   of the unsharded run of the same 4 workers x 4 micro-batches on one process."""
-  sharded = [*LENA_MICRO[:4], "--set=micro_batches=4", f"--set=parallel={path}"]
-  _run_2x4(
-    tmp_path / "multi", [*sharded, "--set=model_parallel=2", "--set=checkpoint_every=6"], cache_dir
-  )
-  _run_1x8(
-    tmp_path / "single", [*sharded, "--set=num_devices=4", "--set=checkpoint_every=6"], cache_dir
-  )
+  lena = ["--set=optimizer=lena", "--set=batch_scale=16", "--set=checkpoint_every=6"]
+  sharded = [*lena, "--set=micro_batches=4", f"--set=parallel={path}"]
+  _run_2x4(tmp_path / "multi", [*sharded, "--set=model_parallel=2"], cache_dir)
+  _run_1x8(tmp_path / "single", [*sharded, "--set=num_devices=4"], cache_dir)
   _assert_same_run(tmp_path / "multi", tmp_path / "single")

@@ -25,7 +25,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from examples import checkpoints, input_pipeline, metrics, optimizers  # noqa: E402
+from examples import (  # noqa: E402
+  checkpoints,
+  input_pipeline,
+  metrics,
+  optimizers,
+  training_stream,
+)
 from examples.lena import configs, train  # noqa: E402
 from examples.lena import main as cli  # noqa: E402
 from examples.lena import parallel as parallel_lib  # noqa: E402
@@ -175,7 +181,7 @@ class _CountingData:
 
 def test_global_batches_straddle_epochs_and_resume_anywhere() -> None:
   data = _CountingData()
-  stream = input_pipeline.global_batches(data, 4)
+  stream = training_stream.global_batches(data, 4)
   batches = [next(stream)["y"] for _ in range(8)]
   # Nothing dropped at epoch ends: the batches tile epoch 0, 1, 2, ... in order.
   expected = np.concatenate([np.random.default_rng(e).permutation(10) + 100 * e for e in range(4)])[
@@ -183,30 +189,47 @@ def test_global_batches_straddle_epochs_and_resume_anywhere() -> None:
   ]
   np.testing.assert_array_equal(np.concatenate(batches), expected)
   for start in range(8):  # resuming at update `start` continues the same sequence
-    resumed = input_pipeline.global_batches(data, 4, start)
+    resumed = training_stream.global_batches(data, 4, start)
     for want in batches[start:]:
       np.testing.assert_array_equal(next(resumed)["y"], want)
+  # Batches of any size (a batch ramp's) cut the same stream, also resumed at any example.
+  sizes = [2, 6, 4, 10, 8]
+  ramp = training_stream.ExampleStream(data)
+  np.testing.assert_array_equal(np.concatenate([ramp.take(n)["y"] for n in sizes]), expected[:30])
+  resumed_ramp = training_stream.ExampleStream(data, 13)  # mid second epoch
+  np.testing.assert_array_equal(resumed_ramp.take(12)["y"], expected[13:25])
 
 
 @pytest.mark.parametrize("processes", [2, 4])
 def test_process_parts_tile_every_global_batch(processes: int) -> None:
-  """Each process reads only its block of rows; together they are the single-process batches,
-  also when resuming anywhere (the stream does not depend on the number of processes)."""
+  """Each process takes only its block of rows; together they are the single-process batches,
+  also when resuming anywhere (the stream does not depend on the number of processes), with
+  batches of one size (each process reads only its examples) or of changing sizes."""
   data = _CountingData()
-  single = input_pipeline.global_batches(data, 4)
+  single = training_stream.global_batches(data, 4)
   batches = [next(single)["y"] for _ in range(8)]
-  assert input_pipeline.process_part(4, 0, 1) is None
   for start in range(8):
-    parts = [
-      input_pipeline.global_batches(data, 4, start, input_pipeline.process_part(4, p, processes))
-      for p in range(processes)
-    ]
+    parts = [training_stream.global_batches(data, 4, start, p, processes) for p in range(processes)]
     for want in batches[start:]:
       got = [next(stream)["y"] for stream in parts]
       assert all(len(g) == 4 // processes for g in got)
       np.testing.assert_array_equal(np.concatenate(got), want)
+  whole = np.concatenate([np.random.default_rng(e).permutation(10) + 100 * e for e in range(6)])
+  for start in (0, 4, 12):
+    ramps = [
+      training_stream.ExampleStream(data, start, process_index=p, process_count=processes)
+      for p in range(processes)
+    ]
+    at = start
+    for n in (4, 8, 4, 12):
+      np.testing.assert_array_equal(
+        np.concatenate([r.take(n)["y"] for r in ramps]), whole[at : at + n]
+      )
+      at += n
   with pytest.raises(ValueError, match="does not split over 3"):
-    input_pipeline.process_part(4, 0, 3)
+    next(training_stream.global_batches(data, 4, 0, 0, 3))
+  with pytest.raises(ValueError, match="cuts global batches of 4 examples, not 8"):
+    training_stream.ExampleStream(data, process_index=0, process_count=2, batch_size=4).take(8)
 
 
 # ----------------------------------------------------------------------------------------------

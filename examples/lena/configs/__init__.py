@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from examples.errors import ConfigError
 
-class ConfigError(ValueError):
-  """A configuration that cannot run; the message says what to change."""
+__all__ = ["Config", "ConfigError", "available_configs", "get_config", "override"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Config:
   # the mesh is num_devices x model_parallel devices.
   model_parallel: int = 1
   # How S changes during the run: 'none', 'steps:U0:S0,U1:S1,...', 'noise[:...]' or
-  # 'seesaw[:max=M]' (examples/lena/ramp.py).
+  # 'seesaw[:max=M]': the batch schedule (examples/lena/batch_schedule.py).
   batch_ramp: str = "none"
   # 'auto' (XLA propagates the shardings) or 'explicit' (gspmd / vmap: a mesh of explicit axes,
   # the shardings in the arrays' types, as under jax.set_mesh).
