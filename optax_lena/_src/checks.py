@@ -7,6 +7,7 @@ so value checks run only on concrete values; structural checks always run at tra
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any
 
 import jax
@@ -47,6 +48,13 @@ def check_learning_rate(learning_rate: Any) -> None:
   in ``state.hyperparams``, so 0 is a valid value there.
   """
   _require(learning_rate, "learning_rate", "a positive float or an Optax schedule")
+  is_number = isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool)
+  if not (is_number or is_array(learning_rate) or callable(learning_rate)):
+    raise TypeError(
+      f"learning_rate must be a number (eta0) or an Optax schedule (a callable count -> rate), "
+      f"got {type(learning_rate).__name__} {learning_rate!r}: e.g. ol.lena(0.1) or "
+      "ol.lena(optax.cosine_decay_schedule(0.1, decay_steps))."
+    )
   value = concrete_value(learning_rate)
   if value is None:
     return
