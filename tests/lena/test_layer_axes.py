@@ -361,3 +361,51 @@ def test_the_forms_of_layer_axes_agree() -> None:
   everywhere = layer_axes_lib.resolve(-1, {"a": jnp.zeros((2, 3)), "b": jnp.zeros(5)})
   assert everywhere.axes == (1, 0) and everywhere.sizes == (3, 5)
   assert layer_axes_lib.resolve(None, shapes).is_per_leaf
+
+
+def test_diagnostics_per_slice(trajectory) -> None:
+  """Trees shaped like the parameters hold a length-L vector for a stacked leaf; flat keys end
+  with the slice index; the noise scales count every slice (float64 from the reference's
+  statistics)."""
+  params, grads = problem()
+  state = trajectory[STEPS - 1]["states"]["lena_state_aware"]
+  vectors = ol.diagnostics(state)
+  trees = ol.diagnostics(state, params, layer_axes=LAYER_AXES)
+  for key in ("gain_ratio", "warmup_progress", "lr_multiplier", "warmup_end_step", "noise_scale"):
+    tree = trees[key]
+    assert np.shape(tree["blocks"]["kernel"]) == (L,) and np.shape(tree["head"]["kernel"]) == ()
+    assert np.shape(tree["mlp"]["kernel"]) == (L,), key
+    flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+    np.testing.assert_array_equal(flat, np.asarray(vectors[key]), err_msg=key)
+  # The moving averages of the reference's per-layer statistics, in float64.
+  ref = ReferenceOptimizer("lena")
+  w = _layers(params)
+  avg_top = avg_bot = 0.0
+  for g in grads:
+    w = ref.step(w, _layers(g, lead=1))
+    beta = ref.last.beta
+    avg_top = beta * ref.last.sq_norm_mean + (1 - beta) * avg_top
+    avg_bot = beta * ref.last.mean_grad_sq_norm + (1 - beta) * avg_bot
+  noise = lambda top, bot: S * (top - bot) / (S * bot - top)
+  expected = noise(avg_top, avg_bot)
+  finite = (S * avg_bot - avg_top) > 0
+  assert finite.sum() >= 3 and (~finite).sum() >= 1  # both kinds of layers are present
+  np.testing.assert_allclose(
+    np.asarray(vectors["noise_scale"])[finite], expected[finite], rtol=1e-3, atol=1e-6
+  )
+  assert np.all(np.isinf(np.asarray(vectors["noise_scale"])[~finite]))
+  total = noise(avg_top.sum(), avg_bot.sum())
+  np.testing.assert_allclose(float(vectors["global_noise_scale"]), total, rtol=1e-3)
+  np.testing.assert_allclose(float(vectors["critical_batch_size"]), total, rtol=1e-3)
+
+  flat = ol.flat_diagnostics(state, params, "lena/", layer_axes=LAYER_AXES)
+  ratios = {k: v for k, v in flat.items() if k.startswith("lena/gain_ratio/")}
+  names = [f"blocks/{n}/{i}" for n in ("bias", "kernel") for i in range(L)]
+  names += ["head/bias", "head/kernel", *(f"mlp/kernel/{i}" for i in range(L))]
+  assert list(ratios) == [f"lena/gain_ratio/{n}" for n in names]
+  np.testing.assert_allclose(list(ratios.values()), np.asarray(vectors["gain_ratio"]))
+  assert flat["lena/num_layers"] == 3 * L + 2
+  ends = [k for k in flat if k.startswith("lena/warmup_end_step/")]
+  assert len(ends) == flat["lena/num_layers_warmed_up"] >= 3
+  by_index = [k for k in ol.flat_diagnostics(state) if k.startswith("gain_ratio/")]
+  assert by_index == [f"gain_ratio/{k}" for k in range(3 * L + 2)]  # without params: by layer
