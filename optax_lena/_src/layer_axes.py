@@ -95,6 +95,14 @@ class Layout:
       for o, a, n in zip(self.offsets, self.axes, self.sizes, strict=True)
     ]
 
+  def unpack_like(self, vector: jax.Array, leaves: Sequence[Any]) -> list[jax.Array]:
+    """:meth:`unpack`, each length-L slice sharded like the layer axis of its leaf under an
+    explicit-axis mesh (as the statistics a reduction over the other axes gives)."""
+    return [
+      v if a is None else _like_axis(v, leaf, a)
+      for v, leaf, a in zip(self.unpack(vector), leaves, self.axes, strict=True)
+    ]
+
   def check_stats(self, values: Sequence[Any], what: str) -> None:
     """Each leaf's statistics have the shape this layout gives it (raised at trace time)."""
     for k, value in enumerate(values):
@@ -260,6 +268,14 @@ def leaf_factors(factors: jax.Array, layout: Layout) -> list[jax.Array]:
   return out
 
 
+def _like_axis(vector: jax.Array, leaf: Any, axis: int) -> jax.Array:
+  """A length-L vector sharded like ``leaf``'s axis ``axis`` (explicit-axis meshes only)."""
+  spec = tree_utils.explicit_spec(leaf)
+  if spec is None or len(spec) <= axis or spec[axis] is None:
+    return vector
+  return jax.sharding.reshard(vector, jax.sharding.PartitionSpec(spec[axis]))
+
+
 def along_axis(factor: jax.Array, leaf: jax.Array, axis: int | None) -> jax.Array:
   """``factor`` shaped to multiply ``leaf``: a scalar as it is, a length-L vector broadcast
   along the layer axis (with the leaf's sharding of that axis under an explicit-axis mesh)."""
@@ -267,10 +283,4 @@ def along_axis(factor: jax.Array, leaf: jax.Array, axis: int | None) -> jax.Arra
     return factor
   shape = [1] * jnp.ndim(leaf)
   shape[axis] = factor.shape[0]
-  factor = jnp.reshape(factor, shape)
-  spec = tree_utils.explicit_spec(leaf)
-  if spec is not None and len(spec) > axis and spec[axis] is not None:
-    sharded = [None] * jnp.ndim(leaf)
-    sharded[axis] = spec[axis]
-    factor = jax.sharding.reshard(factor, jax.sharding.PartitionSpec(*sharded))
-  return factor
+  return jnp.reshape(_like_axis(factor, leaf, axis), shape)

@@ -308,7 +308,9 @@ def all_reduce_grad_stats(
   summed, sq_sum, aux_sum = psum((local_grads, sq_packed, aux))
   mean_grads = jax.tree.map(lambda v: v / num_workers, summed)
   sq_packed = sq_sum / num_workers
-  sq_norm_mean = jax.tree.unflatten(treedef, layout.unpack(sq_packed))
+  sq_norm_mean = jax.tree.unflatten(
+    treedef, layout.unpack_like(sq_packed, jax.tree.leaves(mean_grads))
+  )
   mean_sq = jax.tree.unflatten(
     treedef,
     [
@@ -426,7 +428,9 @@ def accumulate_grad_stats(
   mean_grads32 = jax.tree.map(lambda s: s / k, grad_sum)
   mean_grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), mean_grads32, params)
   treedef = jax.tree.structure(params)
-  sq_norm_mean = jax.tree.unflatten(treedef, layout.unpack(sq_sum / k))
+  sq_norm_mean = jax.tree.unflatten(
+    treedef, layout.unpack_like(sq_sum / k, jax.tree.leaves(mean_grads32))
+  )
   stats = GradStats(sq_norm_mean, k, jax.tree.unflatten(treedef, slice_sq_norms(mean_grads32)))
   value = jax.tree.map(lambda s, v: (s / k).astype(v.dtype), value_sum, value_shape)
   return value, mean_grads, stats
