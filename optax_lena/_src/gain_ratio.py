@@ -215,7 +215,7 @@ def statistics_vectors(
   layout: layer_axes_lib.Layout,
 ) -> tuple[jax.Array, jax.Array, int]:
   """Per-layer ``top`` and ``bot`` (Eq. 4) as float32 vectors, and S, validated."""
-  checks.check_grad_stats(grad_stats, expected_num_samples)
+  stats.check_grad_stats(grad_stats, expected_num_samples)
   assert grad_stats is not None  # for the type checker: check_grad_stats raised otherwise
   top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
   layout.check_stats(top, "grad_stats.sq_norm_mean")

@@ -42,7 +42,7 @@ class SliceLabel(NamedTuple):
   user's label, which a NamedTuple of this class cannot be by accident)."""
 
   label: Hashable
-  index: int
+  slice_index: int
 
 
 class Groups(NamedTuple):
@@ -96,7 +96,7 @@ def resolve_groups(
   else:
     labels = _labels_from_tree(grouping, tree)
   ids: dict[Hashable, int] = {}
-  index = []
+  index: list[int] = []
   for path, label, axis, size in zip(
     (p for p, _ in leaves), labels, layout.axes, layout.sizes, strict=True
   ):
@@ -111,7 +111,7 @@ def resolve_groups(
   return Groups(tuple(index), len(ids))
 
 
-def _check_module_sizes(labels: list[Hashable], layout: layer_axes_lib.Layout) -> None:
+def _check_module_sizes(labels: list[Any], layout: layer_axes_lib.Layout) -> None:
   """The leaves of one module stack the same number of layers (or none), so that slice l of
   each is layer l of the module."""
   seen: dict[Hashable, int] = {}

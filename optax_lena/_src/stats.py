@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, overload
 
@@ -145,7 +146,7 @@ def stacked_grad_stats(
     sq_sum, mean_sq = _sums((total_sq, jnp.square(mean)), _other_axes(mean.ndim, axis))
     return mean.astype(g.dtype), sq_sum / num_stacked, mean_sq
 
-  treedef = jax.tree.structure(stacked_grads)
+  treedef: Any = jax.tree.structure(stacked_grads)
   triples = jax.tree.unflatten(
     treedef,
     [
@@ -444,3 +445,54 @@ def _cast_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
   if spec is not None and tree_utils.explicit_spec(x) != spec:
     x = jax.sharding.reshard(x, spec)
   return x
+
+
+def check_grad_stats(grad_stats: Any, expected_num_samples: int | None) -> None:
+  """The statistics an update needs are present, of the right type and the expected S."""
+  if grad_stats is None:
+    raise ValueError(
+      _called_from_flax_train_state()
+      + "This optax_lena transformation needs the per-worker gradient statistics: call "
+      "tx.update(grads, state, params, grad_stats=stats) with (grads, stats) from "
+      "ol.stacked_grad_stats(stacked_grads), ol.all_reduce_grad_stats(local_grads, axis_name) "
+      "inside pmap/shard_map, or ol.accumulate_grad_stats(loss_fn, params, micro_batches). "
+      "With Flax use optax_lena.flax.TrainState, whose apply_gradients(grads=grads, "
+      "grad_stats=stats) passes them on (flax.training.train_state.TrainState does not), or "
+      "nnx.Optimizer(...).update(model, grads, grad_stats=stats)."
+    )
+  if not isinstance(grad_stats, GradStats):
+    raise TypeError(
+      f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
+      "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
+    )
+  if expected_num_samples is not None and grad_stats.num_samples != expected_num_samples:
+    raise ValueError(
+      f"The statistics cover S={grad_stats.num_samples} per-worker gradients but this "
+      f"transformation was built with num_samples={expected_num_samples}. Check the number of "
+      "devices x micro-batches, or build the optimizer with the right num_samples (or None)."
+    )
+
+
+def _called_from_flax_train_state() -> str:
+  """A first sentence for the missing-statistics error when Flax's own TrainState called us.
+
+  ``flax.training.train_state.TrainState.apply_gradients(grads=g, grad_stats=s)`` hands
+  ``grad_stats`` to ``.replace()`` (it becomes an unknown field) and calls ``tx.update``
+  without it, so the user did pass statistics: say where they went.
+  """
+  frame = inspect.currentframe()
+  try:
+    while frame is not None:
+      code = frame.f_code
+      if code.co_name == "apply_gradients" and frame.f_globals.get("__name__", "").startswith(
+        "flax."
+      ):
+        return (
+          "flax.training.train_state.TrainState.apply_gradients does not pass grad_stats to "
+          "the optimizer: use optax_lena.flax.TrainState (a drop-in replacement, same fields "
+          "and create()) and call state.apply_gradients(grads=grads, grad_stats=stats). "
+        )
+      frame = frame.f_back
+    return ""
+  finally:
+    del frame

@@ -206,7 +206,7 @@ def num_samples_of(grad_stats: stats.GradStats | None, num_samples: int | None, 
         "num_samples=S."
       )
     return num_samples
-  checks.check_grad_stats(grad_stats, num_samples)
+  stats.check_grad_stats(grad_stats, num_samples)
   return grad_stats.num_samples
 
 

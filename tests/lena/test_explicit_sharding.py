@@ -184,6 +184,18 @@ def _assert_close(a: Any, b: Any, what: str) -> None:
     np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL, err_msg=f"{what}, leaf {k}")
 
 
+def _updates(step: Any, states: dict[str, Any], grads: list[Any], params: Any, micro: Any) -> Any:
+  """(parameters, states, results) after one ``step`` per entry of ``grads``, every optimizer
+  starting from ``params``; ``TRACES`` is cleared first."""
+  TRACES.clear()
+  current, results = dict.fromkeys(states, params), []
+  for g in grads:
+    out = step(current, states, g, params, micro)
+    current, states = out["params"], out["states"]
+    results.append(out)
+  return current, states, results
+
+
 def _simulate(
   case: str, axis_type: AxisType, names: tuple[str, ...]
 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
@@ -195,12 +207,7 @@ def _simulate(
     states = {name: _optimizers()[name][0].init(params) for name in names}
     init_types = _typeof(states)
     step = jax.jit(lambda *args: _step(*args), compiler_options=FAST_COMPILE)  # a fresh cache
-    TRACES.clear()
-    current, results = dict.fromkeys(names, params), []
-    for g in grads:
-      out = step(current, states, g, params, micro)
-      current, states = out["params"], out["states"]
-      results.append(out)
+    current, states, results = _updates(step, states, grads, params, micro)
     nan = jax.tree.map(lambda x: x * jnp.nan, grads[-1])
     skipped = step(current, states, nan, params, micro)
     # Types unchanged by the updates: the later calls reuse the first trace.
@@ -492,12 +499,7 @@ def _run_stage(axis_type: AxisType | None) -> tuple[Any, Any, list[dict[str, Any
     states = {name: tx.init(params) for name, tx in _stage_optimizers().items()}
     init_types, param_types = _typeof(states), _typeof(params)
     step = jax.jit(lambda *args: _stage_step(*args), compiler_options=FAST_COMPILE)
-    TRACES.clear()
-    current, results = dict.fromkeys(states, params), []
-    for g in grads:
-      out = step(current, states, g, params, micro)
-      current, states = out["params"], out["states"]
-      results.append(out)
+    _, _, results = _updates(step, states, grads, params, micro)
     assert len(TRACES) == 1  # the states' types did not change: one trace for every update
   return init_types, param_types, results
 

@@ -242,7 +242,7 @@ def test_none_hyperparameters_are_rejected_at_construction(build):
     build()
 
 
-# -- statistics (stats.py, tree_utils.py, checks.check_grad_stats) ----------------------------
+# -- statistics (stats.py, tree_utils.py, stats.check_grad_stats) -----------------------------
 
 
 @pytest.mark.parametrize("num_samples", [True, 8.0, np.int64(8), jnp.asarray(8), -1])
