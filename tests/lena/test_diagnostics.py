@@ -26,12 +26,16 @@ def stacked_grads(step: int) -> dict:
 
 
 def run(tx, steps: int):
+  @jax.jit  # one compilation instead of op-by-op dispatch of every update
+  def step(params, state, stacked):
+    grads, stats = ol.stacked_grad_stats(stacked)
+    updates, state = tx.update(grads, state, params, grad_stats=stats)
+    return jax.tree.map(jnp.add, params, updates), state
+
   state = tx.init(PARAMS)
   params = PARAMS
   for t in range(steps):
-    grads, stats = ol.stacked_grad_stats(stacked_grads(t))
-    updates, state = tx.update(grads, state, params, grad_stats=stats)
-    params = jax.tree.map(jnp.add, params, updates)
+    params, state = step(params, state, stacked_grads(t))
   return state
 
 
@@ -126,8 +130,10 @@ def test_nnx_state_gives_named_plain_trees():
   graphdef, params = nnx.split(model, nnx.Param)
   loss = lambda p, x: jnp.mean(nnx.merge(graphdef, p)(x) ** 2)
   x = jax.random.normal(jax.random.key(0), (S, 5, 2))
-  grads, stats = ol.stacked_grad_stats(jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, x))
-  optimizer.update(model, grads, grad_stats=stats)
+  grads, stats = jax.jit(
+    lambda p, x: ol.stacked_grad_stats(jax.vmap(jax.grad(loss), in_axes=(None, 0))(p, x))
+  )(params, x)
+  nnx.jit(lambda o, m, g, s: o.update(m, g, grad_stats=s))(optimizer, model, grads, stats)
   param_state = nnx.state(model, nnx.Param)
   # nnx.Optimizer wraps its state in OptArray / OptVariable: diagnostics returns plain arrays.
   plain = ol.diagnostics(optimizer.opt_state)
