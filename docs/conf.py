@@ -28,7 +28,6 @@ extensions = [
   "coverage_check",
   "studies",
   "constants",
-  "docstring_escapes",
 ]
 
 root_doc = "index"

@@ -33,7 +33,7 @@ PER_LAYER = (
 
 
 def noise_scale(sq_norm_mean: jax.Array, mean_grad_sq_norm: jax.Array, s: jax.Array) -> jax.Array:
-  """The simple gradient noise scale B_simple = tr(Sigma) / |G|^2, in per-worker batches.
+  """The simple gradient noise scale ``B_simple = tr(Sigma) / |G|^2``, in per-worker batches.
 
   With ``top = mean_i ||g_i||^2`` (batch b) and ``bot = ||gbar||^2`` (batch S b), the unbiased
   estimates of McCandlish et al. (2018, Appendix A) are

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optax_lena._src import checks, tree_utils
+from optax_lena._src import checks, precision, tree_utils
 
 PyTree = Any
 LayerAxes = None | int | PyTree | Callable[[tuple[str, ...], Any], int | None]
@@ -230,7 +230,7 @@ def slice_sq_norms(x: jax.Array, axis: int | None) -> jax.Array:
   """``||x||^2`` in float32 (at least), per slice along ``axis`` (a length-L vector), or of the
   whole leaf (a scalar) when ``axis`` is None."""
   x = jnp.asarray(x)
-  acc = jnp.promote_types(x.dtype, jnp.float32)
+  acc = precision.accumulation_dtype(x.dtype)
   if axis is None:
     return jnp.sum(jnp.square(x.astype(acc)), dtype=acc).astype(jnp.float32)
   axes = tuple(d for d in range(x.ndim) if d != axis)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from optax_lena._src import layer_axes as layer_axes_lib
-from optax_lena._src import tree_utils
+from optax_lena._src import precision, tree_utils
 
 PyTree = Any
 AxisName = Hashable | Sequence[Hashable]
@@ -134,7 +134,7 @@ def stacked_grad_stats(
   layout = layer_axes_lib.resolve(layer_axes, param_shapes)
 
   def per_leaf(g, axis):
-    g32 = g.astype(jnp.promote_types(g.dtype, jnp.float32))
+    g32 = g.astype(precision.accumulation_dtype(g.dtype))
     # (1/S) sum_i ||g_i||^2 = (1/S) sum over elements of sum_i g_i^2: the worker sums of g and
     # g^2 are one two-output reduction, and the two squared norms another. Separate
     # reductions compile one kernel each and make the stacked gradients a buffer read twice;
@@ -408,7 +408,7 @@ def accumulate_grad_stats(
     value_sum = jax.tree.map(lambda s, v: s + jnp.asarray(v, s.dtype), value_sum, value)
     return (grad_sum, sq_sum, value_sum), None
 
-  acc_dtype = lambda x: jnp.promote_types(jnp.result_type(x), jnp.float32)
+  acc_dtype = lambda x: precision.accumulation_dtype(jnp.result_type(x))
   zeros = lambda x: jnp.zeros(jnp.shape(x), acc_dtype(x), out_sharding=tree_utils.explicit_spec(x))
   value_shape = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), *args)[
     0

@@ -1,5 +1,6 @@
 """Misuse raises an error that names the fix, at construction or trace time: one place for the
-whole catalogue (the README's "Misuse" table), grouped by the module that raises."""
+whole catalogue (the "Errors and misuse" guide, docs/guides/misuse.md), grouped by the module
+that raises."""
 
 import jax
 import jax.numpy as jnp
