@@ -1,6 +1,6 @@
-"""Smoke test of the recipe's re-choice on validation (benchmarks/aladdin/recipe/validation.py):
-the choice rule, the final grid, the rate passed to the candidates, and tiny cells with tables,
-plot and resume."""
+"""The recipe study (benchmarks/aladdin/recipe): the validation re-choice's rule, its final grid,
+the rate passed to the candidates, and the smoke setup's tiny cells with tables, plot and
+resume."""
 
 import json
 from pathlib import Path
@@ -8,8 +8,10 @@ from pathlib import Path
 import optax
 import pytest
 
-from benchmarks.aladdin.recipe import main as recipe
-from benchmarks.aladdin.recipe import validation as study
+from benchmarks import driver
+from benchmarks.aladdin.recipe import grid as study
+from benchmarks.aladdin.recipe import runner
+from benchmarks.aladdin.recipe.__main__ import STUDY
 from optax_lena import aladdin as al
 
 SCALE = study.SCALES["default"]
@@ -25,7 +27,7 @@ def _tuned(acc: dict[tuple[str, float], float]) -> dict[str, dict]:
 
 def test_the_grid_is_every_candidate_but_ar_sgd_and_the_default_first() -> None:
   assert study.RECIPES[0] == study.DEFAULT == "update_p4_a0.5"
-  assert set(study.RECIPES) == set(recipe.CANDIDATES) - {"ar_sgd"}
+  assert set(study.RECIPES) == set(study.CANDIDATES) - {"ar_sgd"}
   cells = study.tuning_cells(SCALE)
   assert len(cells) == 5 * 2 + 13 * 4 * 2 and len({c.name for c in cells}) == len(cells)
   assert {c.cluster for c in cells} == {"HO"} and {c.seed for c in cells} == {100, 101}
@@ -55,42 +57,42 @@ def test_final_grid_adds_the_default_only_when_another_recipe_is_chosen() -> Non
 
 
 def test_candidates_take_the_workers_rate() -> None:
-  printed = vars(recipe.make_algorithm("printed", 0.2))
+  printed = vars(runner.make_algorithm("printed", 0.2))
   assert printed["message"] == "gradient"
   server = printed["server_tx"]
   state = server.init(optax.tree_utils.tree_zeros_like(1.0))
   assert float(server.update(1.0, state)[0]) == pytest.approx(-0.2)  # eta = the workers' rate
-  momentum = vars(recipe.make_algorithm("update_p4_a0.5_server_m0.5", 0.2))["server_tx"]
+  momentum = vars(runner.make_algorithm("update_p4_a0.5_server_m0.5", 0.2))["server_tx"]
   assert float(momentum.update(1.0, momentum.init(0.0))[0]) == pytest.approx(-1.0)  # fixed 1.0
-  default = vars(recipe.make_algorithm(study.DEFAULT, 0.2))
+  default = vars(runner.make_algorithm(study.DEFAULT, 0.2))
   assert default["server_tx"] is None  # al.Aladdin's default server
 
 
 def test_smoke_study_writes_tables_plot_and_resumes(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-  argv = ["--smoke", "--out", str(tmp_path), "--cache_dir", str(tmp_path / "cache")]
-  text = study.main([*argv, "--max_cells", "4"])  # the 3 tuning cells, then a final one
+  argv = ["--setup", "smoke", "--out", str(tmp_path), "--cache_dir", str(tmp_path / "cache")]
+  text = driver.main(STUDY, [*argv, "--max_cells", "4"])  # the 3 tuning cells, then a final one
   out = capsys.readouterr().out
-  assert "[3/3] tune/update_p8_a0.5/HO/lr0.05/seed100" in out and "Trained 1, skipped 0" in out
+  assert "tune/update_p8_a0.5/HO/lr0.05/seed100: acc" in out and "Ran 4, skipped 0" in out
   assert "3 of 3 tuning cells, 1 of" in text and "Chosen: " in text
   assert (tmp_path / "tables.md").read_text() == text
   runs = json.loads((tmp_path / "runs.json").read_text())
   assert len(runs) == 4 and all(0.0 <= r["test_accuracy"] <= 1.0 for r in runs.values())
   assert sorted(r["cell"]["group"] for r in runs.values()) == ["final"] + ["tune"] * 3
-  text = study.main([*argv, "--max_cells", "1"])  # resumes with the next final cell only
-  assert "Trained 1, skipped 1" in capsys.readouterr().out
+  text = driver.main(STUDY, [*argv, "--max_cells", "1"])  # resumes with the next final cell only
+  assert "Ran 1, skipped 4" in capsys.readouterr().out
   assert "| ar_sgd | HO | 0.05 | 0." in text and "one seed: no interval" in text
   png = tmp_path / "validation.png"
   first = png.read_bytes()
   assert len(first) > 1000 and first[:4] == b"\x89PNG"
-  assert study.main([*argv, "--report_only"]) == text  # byte for byte from runs.json
-  assert "Trained" not in capsys.readouterr().out and png.read_bytes() == first
+  assert driver.main(STUDY, [*argv, "--report_only"]) == text  # byte for byte from runs.json
+  assert "Ran" not in capsys.readouterr().out and png.read_bytes() == first
 
 
 def test_recipe_candidates_build_valid_specs():
-  for name in recipe.CANDIDATES:
-    spec = recipe.make_algorithm(name)
+  for name in study.CANDIDATES:
+    spec = runner.make_algorithm(name)
     spec.check_trainable()
-  assert recipe.make_algorithm("printed").message == "gradient"
-  assert isinstance(recipe.make_algorithm("update_p4_a0.5"), al.Aladdin)
+  assert runner.make_algorithm("printed").message == "gradient"
+  assert isinstance(runner.make_algorithm("update_p4_a0.5"), al.Aladdin)
