@@ -62,7 +62,7 @@ class Context(NamedTuple):
 
 class Report(NamedTuple):
   """What a report built: the text to print and the files (name under ``--out`` -> text) that
-  git keeps; the plots are written by the report itself."""
+  git keeps; the plots it writes itself (through ``examples.analysis.save_figure``)."""
 
   text: str
   files: dict[str, str]
@@ -108,21 +108,20 @@ class Summaries:
   writes its own file (``runs-I-of-N.json``); all of them are read.
   """
 
-  file: str = "runs.json"  # "{setup}" stands for the setup's name
+  file: str = "runs.json"
   key: str | None = None
   describe: Callable[[Any], str] = _describe
 
   def path(self, context: Context) -> Path:
-    name = self.file.format(setup=context.setup)
-    index, count = context.shard
+    name, (index, count) = self.file, context.shard
     if count > 1:
       stem, _, suffix = name.rpartition(".")
       name = f"{stem}-{index}-of-{count}.{suffix}"
     return context.out / name
 
-  def load(self, out: Path, setup: str) -> dict[str, Any]:
+  def load(self, out: Path) -> dict[str, Any]:
     """The summaries of every shard's file under ``out`` (empty when there is none)."""
-    return harness.load_summaries(out, self.file.format(setup=setup), self.key)
+    return harness.load_summaries(out, self.file, self.key)
 
   def open(self, config: Any, context: Context) -> _OpenSummaries:
     return _OpenSummaries(self, config, context)
@@ -131,7 +130,7 @@ class Summaries:
 class _OpenSummaries:
   def __init__(self, store: Summaries, config: Any, context: Context):
     self.store, self.context, self.path = store, context, store.path(context)
-    self.done = store.load(context.out, context.setup)
+    self.done = store.load(context.out)
     own = json.loads(self.path.read_text()) if self.path.exists() else {}
     self.header: dict[str, Any] = {}
     if store.key is not None:
@@ -259,14 +258,14 @@ class Grid:
       in ``out`` (cells chosen on earlier ones join once those have finished).
     run: ``run(cell, config, context)`` runs one cell and returns its result for the store
       (a :class:`RunDirectories` runner trains into ``context.out / "runs" / cell.name``).
-    report: ``report(config, out, plots)`` reads the results under ``out`` and the grid, and
-      returns the :class:`Report` (writing the plots when ``plots``).
+    report: ``report(config, out)`` reads the results under ``out`` and the grid, writes the
+      plots and returns the :class:`Report`.
     store: a :class:`Store`, or one per type of cell (a measurement beside summaries).
   """
 
   cells: Callable[[Any, Path], Sequence[Any]]
   run: Callable[[Any, Any, Context], Any]
-  report: Callable[[Any, Path, bool], Report]
+  report: Callable[[Any, Path], Report]
   store: Store | Mapping[type, Store]
 
   def store_of(self, cell: Any) -> Store:
@@ -395,9 +394,9 @@ def run_cells(
   return ran, skipped
 
 
-def rebuild(setup: Setup, config: Any, out: Path, plots: bool = True) -> Report:
+def rebuild(setup: Setup, config: Any, out: Path) -> Report:
   """The setup's report of what ``out`` holds, its files written there."""
-  report = setup.grid.report(config, out, plots)
+  report = setup.grid.report(config, out)
   for name, text in report.files.items():
     harness.write_text(out / name, text)
   return report

@@ -102,9 +102,14 @@ def write_text(path: str | Path, text: str) -> Path:
   return path
 
 
+def json_text(obj: Any, indent: int = 1, sort_keys: bool = False) -> str:
+  """``obj`` as the text of a JSON file (a final newline)."""
+  return json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n"
+
+
 def write_json(path: str | Path, obj: Any, indent: int = 1, sort_keys: bool = False) -> Path:
   """Writes ``obj`` as JSON to ``path`` atomically."""
-  return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+  return write_text(path, json_text(obj, indent, sort_keys))
 
 
 def recorded() -> dict[str, Any]:

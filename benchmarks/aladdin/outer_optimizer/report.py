@@ -257,10 +257,9 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
   return True
 
 
-def report(scale: Scale, out: Path, plots: bool) -> driver.Report:
+def report(scale: Scale, out: Path) -> driver.Report:
   """``tables.md`` and ``accuracy_vs_time.png`` from ``out/runs.json``."""
   runs = harness.load_summaries(out)
   text = tables(runs, scale)
-  if plots:
-    plot(runs, out / "accuracy_vs_time.png", scale)
+  plot(runs, out / "accuracy_vs_time.png", scale)
   return driver.Report(text, {"tables.md": text})

@@ -191,16 +191,15 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
   return True
 
 
-def candidates_report(setup: Candidates, out: Path, plots: bool) -> driver.Report:
+def candidates_report(setup: Candidates, out: Path) -> driver.Report:
   """``recipe.md`` from ``out/runs.json`` (no plot)."""
   text = candidates_table(harness.load_summaries(out))
   return driver.Report(text, {"recipe.md": text})
 
 
-def validation_report(scale: Scale, out: Path, plots: bool) -> driver.Report:
+def validation_report(scale: Scale, out: Path) -> driver.Report:
   """``tables.md`` and ``validation.png`` from ``out/runs.json``."""
   runs = harness.load_summaries(out)
   text = validation_tables(runs, scale)
-  if plots:
-    plot(runs, out / "validation.png", scale)
+  plot(runs, out / "validation.png", scale)
   return driver.Report(text, {"tables.md": text})

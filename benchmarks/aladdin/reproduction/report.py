@@ -63,15 +63,13 @@ def _time_to(run: dict, target: float) -> float:
   return math.inf
 
 
-def tables(
-  out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None, plot: bool
-) -> tuple[str, str]:
-  """The first study's tables and ``summary.json`` (and its plots, with ``plot``)."""
+def tables(out: Path, preset: Preset, runs: dict[str, dict], t3: dict | None) -> tuple[str, str]:
+  """The first study's tables and ``summary.json``; writes its plots."""
   lines: list[str] = []
   plots: list[str] = []
   if t3 is not None:
     lines += table3_markdown(t3)
-    plots.append(plot_speedups(out, t3) if plot else "speedup_table3.png")
+    plots.append(plot_speedups(out, t3))
 
   def cell(alg, cluster, **opts):
     key_opts = dict(
@@ -128,7 +126,7 @@ def tables(
         )
     lines.append("")
     curves = {c: {a: cell(a, c) for a in ALGORITHMS} for c in preset.clusters}
-    plots.append(_plot_curves(out, preset, curves) if plot else "accuracy_vs_time.png")
+    plots.append(_plot_curves(out, preset, curves))
 
   c = preset.study_cluster
   variants: list[tuple[str, str, dict[str, Any]]] = [
@@ -330,20 +328,19 @@ def plot(runs: dict[str, dict], path: Path, scale: Scale) -> bool:
   return True
 
 
-def reproduction_report(setup: Reproduction, out: Path, plots: bool) -> driver.Report:
-  """``tables.md``, ``summary.json`` (and the plots) from ``runs.json``, ``table3.json`` and
+def reproduction_report(setup: Reproduction, out: Path) -> driver.Report:
+  """``tables.md``, ``summary.json`` and the plots from ``runs.json``, ``table3.json`` and
   ``overhead.json``."""
   t3_path = out / "table3.json"
   t3 = json.loads(t3_path.read_text()) if t3_path.exists() else None
   preset = PRESETS[setup.preset]
-  text, summary = tables(out, preset, harness.load_summaries(out), t3, plots)
+  text, summary = tables(out, preset, harness.load_summaries(out), t3)
   return driver.Report(text, {"tables.md": text, "summary.json": summary})
 
 
-def validation_report(scale: Scale, out: Path, plots: bool) -> driver.Report:
+def validation_report(scale: Scale, out: Path) -> driver.Report:
   """``tables.md`` and ``validation.png`` from ``out/runs.json``."""
   runs = harness.load_summaries(out)
   text = validation_tables(runs, scale)
-  if plots:
-    plot(runs, out / "validation.png", scale)
+  plot(runs, out / "validation.png", scale)
   return driver.Report(text, {"tables.md": text})

@@ -13,13 +13,14 @@ pytest.importorskip("ray")
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
-  """``python -m benchmarks.aladdin.<study>.main --smoke --out OUT``, checked to exit 0."""
+def _smoke(study: str, out: Path) -> subprocess.CompletedProcess:
+  """``python -m benchmarks.aladdin.<study> --setup smoke --out OUT``, checked to exit 0."""
+  module = f"benchmarks.aladdin.{study}"
   done = subprocess.run(
-    [sys.executable, "-m", f"benchmarks.aladdin.{module}", "--smoke", "--out", str(out)],
+    [sys.executable, "-m", module, "--setup", "smoke", "--out", str(out)],
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -30,9 +31,8 @@ def _smoke(module: str, out: Path) -> subprocess.CompletedProcess:
 
 
 def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
-  out = tmp_path / "efficiency.json"
-  done = _smoke("ray_efficiency.main", out)
-  results = json.loads(out.read_text())
+  done = _smoke("ray_efficiency", tmp_path)
+  results = json.loads((tmp_path / "efficiency.json").read_text())
   (single,) = results["single"]
   pair = single["pairs"][0]
   loops = ("loop_default_pool", "loop_one_thread", "loop_pinned", "loop_one_core_waiting")
@@ -46,12 +46,11 @@ def test_efficiency_benchmark_smoke(tmp_path: Path) -> None:
 
 
 def test_call_cost_benchmark_smoke(tmp_path: Path) -> None:
-  out = tmp_path / "call_cost.json"
-  done = _smoke("call_cost.main", out)
-  (row,) = json.loads(out.read_text())["rows"]
+  done = _smoke("call_cost", tmp_path)
+  (row,) = json.loads((tmp_path / "call_cost.json").read_text())["rows"]
   (inline,), (ring,) = row["runs"]["inline"], row["runs"]["ring"]
   for run in (inline, ring):
     assert run["wall_ms"] > 0 and run["caller_cpu_ms"] > 0 and run["callee_cpu_ms"] >= 0
   if ring["callee_cpu_ms"] > 0:  # CPU times tick every 10 ms
     assert row["callee_cpu_ms_ratio"] == inline["callee_cpu_ms"] / ring["callee_cpu_ms"]
-  assert out.with_suffix(".png").exists() and "| 4 (189) |" in done.stdout
+  assert (tmp_path / "call_cost.png").exists() and "| 4 (189) |" in done.stdout

@@ -1,36 +1,17 @@
-"""What one call of a worker to a PS shard costs, its messages inline or in the shared-memory ring.
-
-A caller (this process, as a worker's sender thread) and a callee (a Ray actor that reads its
-slice of a fold as ``ServerShard.receive`` does, copies it as XLA copies its argument, and
-replies every period with a global slice) on one node, with up to ``max_inflight`` calls
-unanswered as the outbox keeps them. Per fold size, the CPU seconds per call of the caller and
-of the callee, and the wall time per call, for messages in the call (inline: Ray copies them
-through gRPC) and in the worker's ring (``ad.channel``); the two
-paths alternate ``--repeats`` times. The messages are the example CNN's (12,106 float32).
-
-Usage::
-
-  python -m benchmarks.aladdin.call_cost.main                # results/call_cost.json and .png
-  python -m benchmarks.aladdin.call_cost.main --report_only  # table and plot from the JSON
-  python -m benchmarks.aladdin.call_cost.main --smoke --out /tmp/call_cost.json   # CI
-
-The JSON's ``recorded`` field holds the commit, date, load and command of the measurement.
-"""
+"""Measures the cost of one call of a worker to a PS shard (see the package's docstring)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks import harness
-from benchmarks.aladdin.ray_efficiency.main import cpu_seconds
+from benchmarks import driver, harness
+from benchmarks.aladdin.call_cost.grid import CallCost, Measurement
+from benchmarks.aladdin.ray_efficiency.runner import cpu_seconds
 
 SIZE, PERIOD, MAX_INFLIGHT = 12_106, 4, 2
 
@@ -136,88 +117,17 @@ def _line(row: dict[str, Any]) -> str:
   )
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-  header = [
-    "fold (KiB)",
-    "caller CPU ms: inline / ring",
-    "callee CPU ms: inline / ring",
-    "inline / ring, per pair (caller, callee)",
-    "wall ms per call: inline / ring",
-  ]
-  body = [
-    [
-      f"{r['fold']} ({r['kib']:.0f})",
-      f"{r['inline_caller_cpu_ms']:.2f} / {r['ring_caller_cpu_ms']:.2f}",
-      f"{r['inline_callee_cpu_ms']:.2f} / {r['ring_callee_cpu_ms']:.2f}",
-      f"{r['caller_cpu_ms_ratio']:.1f}x, {r['callee_cpu_ms_ratio']:.1f}x",
-      f"{r['inline_wall_ms']:.2f} / {r['ring_wall_ms']:.2f}",
-    ]
-    for r in rows
-  ]
-  return harness.markdown_table(header, body)
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6.5, 3.5))
-  x = np.arange(len(rows))
-  bars = [
-    ("inline_caller_cpu_ms", "caller, inline"),
-    ("ring_caller_cpu_ms", "caller, ring"),
-    ("inline_callee_cpu_ms", "callee, inline"),
-    ("ring_callee_cpu_ms", "callee, ring"),
-  ]
-  for k, (key, label) in enumerate(bars):
-    ax.bar(x + (k - 1.5) * 0.2, [r[key] for r in rows], 0.2, label=label)
-  ax.set_xticks(x, [f"{r['fold']} messages\n({r['kib']:.0f} KiB)" for r in rows])
-  ax.set_ylabel("CPU ms per call (median)")
-  ax.set_title("A call to a PS shard: messages inline or in the shared-memory ring", fontsize=9)
-  ax.legend(fontsize=8)
-  ax.grid(alpha=0.3, axis="y")
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> str:
-  """Measures (or with ``--report_only`` reads) the rows; returns and prints the table."""
-  parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-  parser.add_argument("--folds", type=int, nargs="+", default=[1, 4, 16, 32])
-  parser.add_argument("--calls", type=int, default=300, help="per run")
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--smoke", action="store_true", help="a few calls (CI)")
-  parser.add_argument(
-    "--out", type=Path, default=Path(__file__).resolve().parent / "results" / "call_cost.json"
-  )
-  parser.add_argument("--report_only", action="store_true", help="table and plot from --out")
-  args = parser.parse_args(argv)
-  if args.report_only:
-    rows = json.loads(args.out.read_text())["rows"]
-    plot(rows, args.out.with_suffix(".png"))
-    print(table(rows))
-    return table(rows)
-  if args.smoke:
-    args.folds, args.calls, args.repeats = [4], 50, 1
-
+def run(cell: Measurement, setup: CallCost, context: driver.Context) -> dict[str, Any]:
+  """The measurement on a local Ray node: every fold size, inline and in the ring."""
+  del cell, context
   from optax_lena.aladdin import distributed as ad
 
   ad.exit_on_stop_signals()
   ad.connect()
-  rows = measure(args.folds, args.calls, args.repeats)
-  results = {
+  rows = measure(list(setup.folds), setup.calls, setup.repeats)
+  return {
     "recorded": harness.recorded(),
     "machine": harness.machine_info(),
-    "calls": args.calls,
+    "calls": setup.calls,
     "rows": rows,
   }
-  harness.write_json(args.out, results)
-  plot(rows, args.out.with_suffix(".png"))
-  print(table(rows))
-  return table(rows)
-
-
-if __name__ == "__main__":
-  main()

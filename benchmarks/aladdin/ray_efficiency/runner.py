@@ -1,47 +1,15 @@
-"""How close ALADDIN on Ray comes to the machine's limit (``docs/ALADDIN-ray.md``, efficiency).
-
-Two measurements, each side by side in one run and repeated (the machine is shared: ratios, not
-absolute times):
-
-* ``single``: the limit of one worker is its local step alone (the same model, batch, optimizer
-  and data iterator in a loop in one process, no Ray, no server), each step's message read
-  after the next step is dispatched (a JAX loop's Python overlaps XLA), measured four times:
-  in this process (XLA's default thread pool), and in a child process whose pool has the one
-  thread the runtime gives its actors where they are at least as many as the cores, free to
-  move between cores, then pinned as the runtime pins a worker (XLA's threads on one core, the
-  Python thread on the others), then with every thread on one core and each step waited for
-  (the limit of earlier runs); the limit is the fastest of the four. Efficiency = samples/s of
-  ALADDIN on Ray with that one worker / samples/s of the limit, alternating the loops and the
-  Ray run ``--repeats`` times per batch size. Also the CPU seconds the worker and the shard
-  processes spent per iteration against the limit loop's (what the shard costs on a machine
-  without spare cores).
-* ``cluster``: 4 ALADDIN workers and the PS on this machine with the program's default settings
-  (``python -m examples.aladdin``: batch 128, the runtime's default priority), against the same
-  with the workers at the shards' priority (``worker_nice=0``): each worker's wait and compute
-  fractions and the throughput.
-
-Usage::
-
-  python -m benchmarks.aladdin.ray_efficiency.main --repeats 5 --seconds 4 --cluster_seconds 10 \\
-      --cluster_repeats 1     # results/efficiency.json and .png, the table of RESULTS.md
-  python -m benchmarks.aladdin.ray_efficiency.main --report_only   # table and plot from the JSON
-  python -m benchmarks.aladdin.ray_efficiency.main --smoke --out /tmp/efficiency.json   # CI
-
-The JSON's ``recorded`` field holds the commit, date, load and command of the measurement.
-"""
+"""Measures the efficiency benchmark: one worker on Ray against its local step, and four
+workers' waits (see the package's docstring)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing
 import os
-import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks import harness
+from benchmarks import driver, harness
+from benchmarks.aladdin.ray_efficiency.grid import Efficiency, Measurement
 
 
 def cpu_seconds(pid: int) -> float:
@@ -205,12 +173,6 @@ def cluster(seconds: float, repeats: int, workers: int = 4, compare: bool = True
   return {"workers": workers, "seconds": seconds, "runs": runs}
 
 
-def _vs_waiting(pair: dict[str, Any]) -> float:
-  """The efficiency against a loop on one core that waits for each step (the limit of earlier
-  runs, before the loops overlapped their Python with XLA)."""
-  return pair["ray"] / pair["loop_one_core_waiting"]
-
-
 def _line(pair: dict[str, Any]) -> str:
   return (
     f"loop {pair['loop_default_pool']:7.0f} / {pair['loop_one_thread']:7.0f} (1 thread) / "
@@ -224,130 +186,17 @@ def _line(pair: dict[str, Any]) -> str:
   )
 
 
-def table(results: dict[str, Any]) -> str:
-  """Markdown: the median and range of every ratio."""
-
-  def stat(values: list[float], fmt: str = ".2f") -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
-
-  rows = []
-  for s in results["single"]:
-    p = s["pairs"]
-    loop_cpu = [x["loop_cpu_per_iteration"] for x in p]
-    rows.append([
-      s["batch_size"],
-      stat([x["efficiency"] for x in p]),
-      stat([x["ray"] / x["loop_default_pool"] for x in p]),
-      stat([_vs_waiting(x) for x in p]),
-      stat([x["compute_fraction"] for x in p]),
-      stat([x["worker_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
-      stat([x["shard_cpu_per_iteration"] / c for x, c in zip(p, loop_cpu, strict=True)]),
-      stat([x["messages_per_call"] for x in p], ".1f"),
-      stat([x["load_average"] for x in p], ".1f"),
-    ])  # fmt: skip
-  header = ["batch", "efficiency", "vs default-pool loop", "vs a loop waiting for each step"]
-  header += ["compute fraction"]
-  header += ["worker CPU / loop CPU"]
-  header += ["shard CPU / loop CPU", "messages per call", "load average"]
-  text = harness.markdown_table(header, rows)
-  if "cluster" in results:
-    cluster_rows = [
-      [
-        f"{label} (nice {r['nice'][0]})",
-        f"{r['throughput']:.0f}",
-        f"{100 * max(r['wait_fraction']):.1f}",
-        " ".join(f"{100 * c:.0f}" for c in r["compute_fraction"]),
-      ]
-      for label, runs in results["cluster"]["runs"].items()
-      for r in runs
-    ]
-    header = ["4 workers", "samples/s", "max wait % of a worker", "compute % per worker"]
-    text += "\n\n" + harness.markdown_table(header, cluster_rows)
-  return text
-
-
-RESULTS = Path(__file__).resolve().parent / "results"
-TARGETS = {128: 0.8, 32: 0.6}  # ALADDIN.md, "Runtime efficiency"
-
-
-def plot(results: dict[str, Any], path: Path) -> None:
-  """Every pair's efficiency against the limit and against a loop waiting for each step."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  for k, s in enumerate(results["single"]):
-    p = s["pairs"]
-    waiting = [_vs_waiting(x) for x in p]
-    strict = [x["efficiency"] for x in p]
-    for offset, values, label, marker in (
-      (-0.1, strict, "vs the limit (fastest of 4 loops)", "o"),
-      (0.1, waiting, "vs a loop waiting for each step", "^"),
-    ):
-      ax.scatter(
-        [k + offset] * len(values),
-        values,
-        marker=marker,
-        label=label if k == 0 else None,
-        color="C0" if marker == "o" else "C1",
-      )
-    target = TARGETS.get(s["batch_size"])
-    if target is not None:
-      ax.hlines(
-        target, k - 0.3, k + 0.3, colors="k", linestyles="--", label="target" if k == 0 else None
-      )
-  ax.set_xticks(
-    range(len(results["single"])), [f"batch {s['batch_size']}" for s in results["single"]]
-  )
-  ax.set(ylabel="efficiency (one worker on Ray / loop)", ylim=(0, 1.1))
-  ax.grid(alpha=0.3, axis="y")
-  ax.legend(fontsize=8, loc="lower right")
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> str:
-  """Measures (or with ``--report_only`` reads) the results; returns and prints the table."""
-  parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-  parser.add_argument("--batch_sizes", type=int, nargs="+", default=[128, 32])
-  parser.add_argument("--seconds", type=float, default=5.0, help="per loop and per Ray run")
-  parser.add_argument("--repeats", type=int, default=4)
-  parser.add_argument("--cluster_seconds", type=float, default=20.0)
-  parser.add_argument("--cluster_repeats", type=int, default=2)
-  parser.add_argument("--workers", type=int, default=4, help="of the cluster measurement")
-  parser.add_argument("--smoke", action="store_true", help="seconds-long runs (CI)")
-  parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of the local Ray node")
-  parser.add_argument("--out", type=Path, default=RESULTS / "efficiency.json")
-  parser.add_argument("--report_only", action="store_true", help="table and plot from --out")
-  args = parser.parse_args(argv)
-  if args.report_only:
-    results = json.loads(args.out.read_text())
-    plot(results, args.out.with_suffix(".png"))
-    print(table(results))
-    return table(results)
-  if args.smoke:
-    args.batch_sizes, args.seconds, args.repeats = [32], 1.0, 1
-    args.cluster_seconds, args.cluster_repeats, args.workers = 2.0, 1, 2
-
+def run(cell: Measurement, setup: Efficiency, context: driver.Context) -> dict[str, Any]:
+  """The measurement, on a local Ray node: ``single`` at each batch size, then ``cluster``."""
+  del cell, context
   from optax_lena.aladdin import distributed as ad
 
   ad.exit_on_stop_signals()
-  ad.connect(num_cpus=args.num_cpus)
-  results: dict[str, Any] = {
+  ad.connect(num_cpus=setup.num_cpus)
+  single_runs = [single(b, setup.seconds, setup.repeats) for b in setup.batch_sizes]
+  return {
     "recorded": harness.recorded(),
     "machine": harness.machine_info(),
-    "single": [single(b, args.seconds, args.repeats) for b in args.batch_sizes],
+    "single": single_runs,
+    "cluster": cluster(setup.cluster_seconds, setup.cluster_repeats, setup.workers, setup.compare),
   }
-  results["cluster"] = cluster(
-    args.cluster_seconds, args.cluster_repeats, args.workers, compare=not args.smoke
-  )
-  harness.write_json(args.out, results)
-  plot(results, args.out.with_suffix(".png"))
-  print(table(results))
-  return table(results)
-
-
-if __name__ == "__main__":
-  main()

@@ -1,13 +1,13 @@
-"""benchmarks/aladdin/receive_cost/main.py still runs (tiny tree, one round)."""
+"""benchmarks/aladdin/receive_cost still measures (a tiny tree, one round)."""
 
 import math
 
-from benchmarks.aladdin.receive_cost import main as receive_cost
+from benchmarks.aladdin.receive_cost import runner as receive_cost
 
 
 def test_receive_cost_report_runs():
   shapes = {"w": (8, 4), "b": (4,)}
-  lines = receive_cost.report("tiny", shapes, repeats=1, period=2)
+  lines = receive_cost.lines(receive_cost.tree_result("tiny", shapes, repeats=1, period=2))
   text = "\n".join(lines)
   rows = ["optax.sgd step", "receive: non-trigger", "receive: trigger", "amortised over 2"]
   rows += ["serve: trigger", "serve_flat: non-trigger", "serve_flat_verified: non-trigger"]
