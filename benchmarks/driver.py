@@ -78,6 +78,10 @@ class Store(Protocol):
 
   def open(self, config: Any, context: Context) -> OpenStore: ...
 
+  def prepare(self, out: Path) -> None:
+    """Makes the results under ``out`` readable (before a run or a report)."""
+    ...
+
 
 class OpenStore(Protocol):
   def finished(self, cell: Cell) -> bool: ...
@@ -103,7 +107,7 @@ class Summaries:
 
   ``key=None``: the file is the mapping itself (``runs.json``), and ``machine.json`` beside it
   says where the last cells ran. With a ``key``, the file holds the mapping under it next to
-  ``setup`` (the configuration: a file of another configuration is not resumed into),
+  ``setup`` (the configuration: a file whose fields differ is not resumed into),
   ``recorded`` and ``machine``, refreshed by every invocation that runs a cell. Each shard
   writes its own file (``runs-I-of-N.json``); all of them are read.
   """
@@ -123,6 +127,9 @@ class Summaries:
     """The summaries of every shard's file under ``out`` (empty when there is none)."""
     return harness.load_summaries(out, self.file, self.key)
 
+  def prepare(self, out: Path) -> None:
+    pass
+
   def open(self, config: Any, context: Context) -> _OpenSummaries:
     return _OpenSummaries(self, config, context)
 
@@ -135,9 +142,12 @@ class _OpenSummaries:
     self.header: dict[str, Any] = {}
     if store.key is not None:
       setup = _as_json(dataclasses.asdict(config))
-      if own.get("setup", setup) != setup:
+      stored = own.get("setup", {})  # the fields both have must agree (as for run directories)
+      changed = sorted(k for k, v in setup.items() if k in stored and stored[k] != v)
+      if changed:
         raise ValueError(
-          f"{self.path} holds a study of another setup; use another --out, or delete it to restart."
+          f"{self.path} holds a study of another setup ({', '.join(changed)}); use another "
+          "--out, or delete it to restart."
         )
       self.header = {k: v for k, v in own.items() if k != store.key} | {"setup": setup}
       own = own.get(store.key, {})
@@ -181,6 +191,9 @@ class Files:
     data = path.read_bytes()
     return json.loads(lzma.decompress(data) if self.suffix.endswith(".xz") else data)
 
+  def prepare(self, out: Path) -> None:
+    pass
+
   def open(self, config: Any, context: Context) -> _OpenFiles:
     return _OpenFiles(self, context.out)
 
@@ -219,9 +232,13 @@ class RunDirectories:
   files: tuple[str, ...] = harness.RUN_FILES
   settings: Callable[[Any, Any, Context], Mapping[str, Any]] | None = None
   ignore: tuple[str, ...] = ("progress_bar", "cache_dir")  # they do not change the numbers
+  describe: Callable[[Path], str] = harness.final_evaluation  # a trained run's progress text
+
+  def prepare(self, out: Path) -> None:
+    """Unpacks ``runs.tar.xz`` when ``runs/`` is absent."""
+    harness.unpack_runs(out)
 
   def open(self, config: Any, context: Context) -> _OpenRunDirectories:
-    harness.unpack_runs(context.out)
     return _OpenRunDirectories(self, config, context)
 
 
@@ -237,7 +254,7 @@ class _OpenRunDirectories:
     return harness.is_finished(workdir) and all((workdir / f).exists() for f in self.store.files)
 
   def record(self, cell: Cell, result: Any) -> str:
-    return harness.final_evaluation(self.context.out / "runs" / cell.name)
+    return self.store.describe(self.context.out / "runs" / cell.name)
 
   def close(self, ran: int) -> None:
     if ran:
@@ -272,6 +289,9 @@ class Grid:
     if isinstance(self.store, Mapping):
       return self.store[type(cell)]
     return self.store
+
+  def stores(self) -> list[Store]:
+    return list(self.store.values()) if isinstance(self.store, Mapping) else [self.store]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,6 +416,8 @@ def run_cells(
 
 def rebuild(setup: Setup, config: Any, out: Path) -> Report:
   """The setup's report of what ``out`` holds, its files written there."""
+  for store in setup.grid.stores():
+    store.prepare(out)
   report = setup.grid.report(config, out)
   for name, text in report.files.items():
     harness.write_text(out / name, text)
@@ -506,6 +528,8 @@ def main(study: Study, argv: Sequence[str] | None = None) -> str:
       cli.error(f"--setup {name} keeps no results in git: give --out DIR.")
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
+      for store in setup.grid.stores():
+        store.prepare(out)
       context = Context(out, args.cache_dir, name, args.shard)
       run_cells(setup.grid, config, context, limit=args.max_cells, only=args.only)
     report = rebuild(setup, config, out)

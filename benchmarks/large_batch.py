@@ -1,11 +1,12 @@
-"""The finished runs of a large-batch study, aggregated over seeds against per-seed targets.
+"""What both large-batch studies (``large_batch_cnn``, ``large_batch_resnet``) share: run names,
+table labels, the trainer configuration every run starts from, and their finished runs read
+back and aggregated over seeds against per-seed targets.
 
-Both large-batch studies (``large_batch_cnn``, ``large_batch_resnet``) train every run with the
-trainer into ``runs/<name>/`` and read them back here. A run specification is a frozen dataclass
-with at least ``optimizer``, ``batch_scale``, ``warmup``, ``seed`` and ``epochs`` (0 = the
-preset's budget) and a ``name``; its single-worker baseline is the spec ``sgd``, S = 1,
-``warmup='none'`` of the same seed and budget. The target of a run is a fraction
-(``examples.analysis.TARGET_FRACTIONS``) of that baseline's final accuracy.
+A run specification is a frozen dataclass with at least ``optimizer``, ``batch_scale``,
+``warmup``, ``seed``, ``epochs`` (0 = the preset's budget) and a ``name``; its single-worker
+baseline is the spec ``sgd``, S = 1, ``warmup='none'`` of the same seed and budget. The target
+of a run is a fraction (``examples.analysis.TARGET_FRACTIONS``) of that baseline's final
+accuracy.
 """
 
 from __future__ import annotations
@@ -13,12 +14,64 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks import harness
-from examples import analysis, metrics
+from examples import analysis, lena, metrics, optimizers
+
+S = TypeVar("S")
+
+
+def run_name(spec: Any, *options: str) -> str:
+  """``<optimizer>_s<S>_<warmup>[_<option>...][_ep<epochs>]_seed<seed>``: ``options`` are the
+  study's own settings that differ from their defaults."""
+  parts = [spec.optimizer, f"s{spec.batch_scale}", spec.warmup, *options]
+  if spec.epochs:
+    parts.append(f"ep{spec.epochs}")
+  return "_".join(parts) + f"_seed{spec.seed}"
+
+
+def label_of(name: str, study_optimizers: Iterable[optimizers.Optimizer]) -> str:
+  """The table label of an optimizer: the study's own, or the registry's."""
+  own = {e.name: e.label for e in study_optimizers}
+  return own[name] if name in own else optimizers.get(name).label
+
+
+def baselines(spec_type: Callable[..., S], seeds: Sequence[int]) -> list[S]:
+  """The single-worker SGD run of every seed (every grid starts with them: the targets)."""
+  return [spec_type("sgd", 1, "none", s) for s in seeds]
+
+
+def unique(grid: Sequence[S]) -> list[S]:
+  """The grid without repeated runs (a cell of one table reappears in another), in order."""
+  return list(dict.fromkeys(grid))
+
+
+def trainer_config(
+  base: str, spec: Any, *, num_samples: int, per_worker_batch: int, cache_dir: str, **options: Any
+) -> lena.Config:
+  """The trainer configuration ``base`` for one run of a study: its MNIST-1D draw, S per-worker
+  batches on one device (the same numbers as S workers, tested in the repository; simulated
+  devices would only add overhead on a 2-core host), no checkpoints, no progress bar, and the
+  study's own ``options`` (width, rates, evaluation cadence, ...)."""
+  return dataclasses.replace(
+    lena.get_config(base),
+    cache_dir=cache_dir,
+    mnist1d_num_samples=num_samples,
+    per_worker_batch=per_worker_batch,
+    batch_scale=spec.batch_scale,
+    num_devices=1,
+    micro_batches=0,
+    optimizer=spec.optimizer,
+    warmup=spec.warmup,
+    seed=spec.seed,
+    checkpoint_every=0,
+    progress_bar=False,
+    **options,
+  )
+
 
 # Target = the first fraction (98%) of the same seed's single-worker SGD accuracy at the same
 # budget; the looser second (90%) shows which method gets close first when none reaches it.

@@ -1,59 +1,22 @@
-"""Reproduction study of LENA (Ko et al., WWW 2022) on MNIST-1D: Tables 1-3 and ablations.
-
-The grid (every cell x seeds; the single-worker SGD baseline once per seed):
-
-* **Table 1**: batch scale S x {LSW (fixed warm-up), AdaScale (none), LENA (state-aware)}.
-* **Table 2**: the 3x3 ablation {linear scaling, AdaScale, LENA} x warm-up {none, fixed,
-  state-aware} at the ``ablation_scales`` (the largest by default: that is where the paper's
-  table is).
-* **Table 3**: LENA's warm-up threshold alpha in {1, 3, 5, 7, 9}% at ``alpha_scale``.
-* **Table 4** ("what makes layer-wise scaling win or lose", at ``extra_scale``): per-module
-  instead of per-leaf grouping, a longer epoch budget, and layer-wise ratios around an Adam
-  inner update (``optax.scale_by_adam`` -> ``ol.scale_by_lena`` -> ``ol.layerwise_warmup`` ->
-  ``ol.scale_by_learning_rate``) next to plain Adam and ``optax.lamb``. The two Adam variants
-  are this study's own entries of the optimizer registry (:data:`STUDY_OPTIMIZERS`), registered
-  while the study trains.
-
-Every run is one in-process call of the trainer (``examples.lena.train_and_evaluate``) into
-``<out>/runs/<name>`` (metrics.jsonl + config.json, no checkpoints), through
-``benchmarks.harness.run_grid``: finished runs are skipped, ``--shard I/N`` lets N processes
-share one grid. The raw runs are kept as ``<out>/runs.tar.xz`` (unpacked into ``runs/`` when
-missing, repacked after training); every invocation ends by writing the tables (``tables.md``,
-``summary.json``) and plots of whatever has finished.
-
-Usage::
-
-  python -m benchmarks.large_batch_cnn.study --smoke --out /tmp/smoke     # seconds, CI
-  python -m benchmarks.large_batch_cnn.study --quick                      # the ~40-minute preset
-  python -m benchmarks.large_batch_cnn.study                              # the full grid (hours)
-  python -m benchmarks.large_batch_cnn.study --quick --shard 0/2 &        # two processes
-  python -m benchmarks.large_batch_cnn.study --quick --shard 1/2
-  python -m benchmarks.large_batch_cnn.study --quick --seeds 0 1 2 --scales 8 16 32 64 128 \
-      --ablation_seeds 0 1 --report_only                                  # RESULTS.md's tables
-"""
+"""The CNN study's grid: its presets, its own optimizer entries and every run of Tables 1-4."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import optax
 
 import optax_lena as ol
-from benchmarks import harness
-from benchmarks import large_batch_grid as grid_lib
-from benchmarks import large_batch_runs as runs_lib
-from examples import lena, optimizers
+from benchmarks import large_batch
+from examples import optimizers
 
 RULES = ("linear_scaling", "adascale", "lena")
 # Table 1's methods, each with the paper's warm-up (the registry's paper_warmup).
 PAPER_METHODS = tuple((o, optimizers.get(o).paper_warmup) for o in RULES)
 WARMUPS = optimizers.WARMUPS
-DEFAULT_OUT = "benchmarks/large_batch_cnn/results"
 
 
 def _adam(hp: optimizers.Hyperparams) -> optax.GradientTransformation:
@@ -89,7 +52,7 @@ STUDY_OPTIMIZERS = (
 
 
 # The table label of an optimizer (this study's, or the registry's).
-label_of = functools.partial(grid_lib.label_of, study_optimizers=STUDY_OPTIMIZERS)
+label_of = functools.partial(large_batch.label_of, study_optimizers=STUDY_OPTIMIZERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +139,39 @@ PRESETS = {
 
 
 @dataclasses.dataclass(frozen=True)
+class Sizes:
+  """A preset by name, with Table 1's seeds and scales, the seeds of Tables 2-4 (a subset of
+  ``seeds``) and the epoch budget changed where given (empty, 0: the preset's)."""
+
+  name: str
+  seeds: tuple[int, ...] = ()
+  scales: tuple[int, ...] = ()
+  ablation_seeds: tuple[int, ...] = ()
+  epochs: int = 0
+
+  def resolved(self) -> tuple[Preset, tuple[int, ...], tuple[int, ...]]:
+    """The preset (its ablation seeds and budget changed), Table 1's seeds and scales."""
+    p = PRESETS[self.name]
+    if self.epochs:
+      p = dataclasses.replace(p, num_epochs=self.epochs)
+    if self.ablation_seeds:
+      p = dataclasses.replace(
+        p, ablation_seeds=self.ablation_seeds, extra_seeds=self.ablation_seeds
+      )
+    return p, self.seeds or p.seeds, self.scales or p.scales
+
+
+SETUPS = {
+  # The committed study (RESULTS.md): the quick sizes, three seeds, Table 1 at five scales,
+  # Tables 2-4 on two seeds.
+  "default": Sizes("quick", (0, 1, 2), (8, 16, 32, 64, 128), (0, 1)),
+  "quick": Sizes("quick"),
+  "full": Sizes("full"),
+  "smoke": Sizes("smoke"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
   """One training run of the grid; ``name`` is derived from everything that differs."""
 
@@ -191,7 +187,7 @@ class RunSpec:
   def name(self) -> str:
     options = [f"a{round(self.alpha * 100)}"] if self.alpha != 0.05 else []
     options += [self.grouping] if self.grouping != "leaf" else []
-    return grid_lib.run_name(self, *options)
+    return large_batch.run_name(self, *options)
 
 
 def build_grid(
@@ -210,7 +206,7 @@ def build_grid(
   seeds = tuple(seeds or p.seeds)
   scales = tuple(scales or p.scales)
   extra_seeds = tuple(s for s in p.extra_seeds if s in seeds) or seeds[:1]
-  grid = grid_lib.baselines(RunSpec, seeds)
+  grid = large_batch.baselines(RunSpec, seeds)
   grid += [RunSpec(o, sc, w, s) for sc in scales for o, w in PAPER_METHODS for s in seeds]
   grid += [
     RunSpec(o, sc, w, s)
@@ -239,109 +235,10 @@ def build_grid(
       RunSpec("adam_lena", x, "state_aware", s),
       RunSpec("lamb", x, "none", s),
     ]
-  return grid_lib.unique(grid)
+  return large_batch.unique(grid)
 
 
-def run_config(p: Preset, spec: RunSpec, cache_dir: str) -> lena.Config:
-  """The trainer configuration of one run."""
-  epochs = spec.epochs or p.num_epochs
-  large = spec.batch_scale > 1
-  updates_per_epoch = (p.num_samples * 0.8) / (p.per_worker_batch * spec.batch_scale)
-  lr = {"lamb": p.lamb_lr, "adam": p.adam_lr, "adam_lena": p.adam_lr}.get(
-    spec.optimizer, p.learning_rate
-  )
-  return grid_lib.trainer_config(
-    "default",
-    spec,
-    num_samples=p.num_samples,
-    per_worker_batch=p.per_worker_batch,
-    cache_dir=cache_dir,
-    width=p.width,
-    learning_rate=lr,
-    warmup_alpha=spec.alpha,
-    grouping=spec.grouping,
-    num_epochs=epochs,
-    # Large batches make few updates per epoch: evaluate several times an epoch so that
-    # "iterations to target" is precise; the baseline once an epoch.
-    eval_every=max(1, round(updates_per_epoch / p.evals_per_epoch)) if large else 0,
-    log_every=0,
-    rng_impl=p.rng_impl,
-  )
-
-
-def train_grid(
-  p: Preset, grid: list[RunSpec], out: Path, cache_dir: str, shard: tuple[int, int] = (0, 1)
-) -> tuple[int, int]:
-  """Trains the grid's unfinished runs (this shard's share); returns ``(trained, skipped)``."""
-  config_of = functools.partial(run_config, p, cache_dir=cache_dir)
-  return grid_lib.train_grid(grid, config_of, out, STUDY_OPTIMIZERS, shard)
-
-
-def main(argv: Sequence[str] | None = None) -> str:
-  """Command-line entry point; returns the tables' text."""
-  parser = argparse.ArgumentParser(
-    prog="python -m benchmarks.large_batch_cnn.study",
-    description=__doc__.split("\n\n")[0],
-    formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
-  size = parser.add_mutually_exclusive_group()
-  size.add_argument("--quick", action="store_true", help="the ~40-CPU-minute preset")
-  size.add_argument("--smoke", action="store_true", help="a few-second plumbing check (CI)")
-  parser.add_argument("--out", default=DEFAULT_OUT)
-  parser.add_argument("--seeds", type=int, nargs="+", help="override the preset's seeds")
-  parser.add_argument("--scales", type=int, nargs="+", help="override Table 1's scales")
-  parser.add_argument(
-    "--ablation_seeds",
-    type=int,
-    nargs="+",
-    help="override the seeds of Tables 2-4 (a subset of --seeds)",
-  )
-  parser.add_argument("--epochs", type=int, help="override the epoch budget")
-  parser.add_argument("--cache_dir", default="data_cache", help="MNIST-1D cache")
-  parser.add_argument("--shard", default="0/1", help="I/N: run every N-th run from the I-th")
-  parser.add_argument("--report_only", action="store_true", help="no training: tables only")
-  parser.add_argument(
-    "--only", nargs="+", help="train only the runs whose name starts with one of these prefixes"
-  )
-  args = parser.parse_args(argv)
-  shard = harness.parse_shard(args.shard)
-  preset_name = "smoke" if args.smoke else "quick" if args.quick else "full"
-  p = PRESETS[preset_name]
-  if args.epochs:
-    p = dataclasses.replace(p, num_epochs=args.epochs)
-  if args.ablation_seeds:
-    p = dataclasses.replace(
-      p, ablation_seeds=tuple(args.ablation_seeds), extra_seeds=tuple(args.ablation_seeds)
-    )
-  seeds, scales = tuple(args.seeds or p.seeds), tuple(args.scales or p.scales)
-  grid = build_grid(p, seeds, scales)
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  harness.unpack_runs(out)
-  print(
-    f"Study '{preset_name}': {len(grid)} runs ({math.ceil(len(grid) / shard[1])} in shard "
-    f"{shard[0]}/{shard[1]}) into {out}/runs",
-    flush=True,
-  )
-  if not args.report_only:
-    selected = [sp for sp in grid if not args.only or sp.name.startswith(tuple(args.only))]
-    trained, _ = train_grid(p, selected, out, args.cache_dir, shard)
-    if trained:
-      harness.pack_runs(out)
-  header = (
-    f"# MNIST-1D large-batch study ('{preset_name}' preset)\n\n"
-    f"{int(p.num_samples * 0.8)} training / {int(p.num_samples * 0.2)} test examples, "
-    f"CNN1D, per-worker batch {p.per_worker_batch}, {p.num_epochs} epochs for every "
-    f"run, eta0 = {p.learning_rate} (momentum 0.9, weight decay 5e-4, exponential decay "
-    f"to 1%), seeds {list(seeds)}, Table 1 scales {list(scales)}."
-  )
-  from benchmarks.large_batch_cnn import report  # it reads this module's grid
-
-  sm = runs_lib.Summary(runs_lib.load_results(grid, out / "runs"))
-  text = report.write(sm, p, len(grid), out, seeds, scales, header)
-  print("\n" + text, flush=True)
-  return text
-
-
-if __name__ == "__main__":
-  main()
+def cells(sizes: Sizes, out: Path) -> list[RunSpec]:
+  """The grid of ``sizes`` (it does not depend on results)."""
+  del out
+  return build_grid(*sizes.resolved())
