@@ -1,37 +1,10 @@
-"""The critical batch measured with branched runs, beside the estimate in the optimizer state.
-
-A main run (S_main per-worker gradients of ``per_worker_batch`` examples) stops at a few
-checkpoints (early, middle, late): of the MNIST-1D CNN with momentum SGD (``ol.adascale`` or
-``ol.lena``), or of the attention model of ``benchmarks/adamw_scaling`` with AdamW
-(``ol.adascale_adamw`` or ``ol.lena_adamw``, rate times the ratio to the power ``power``). From
-each, short runs branch at several S (the state carried over: parameters, momentum or Adam's
-moments, and the rule's moving averages; the rule's own rate at each S), and each measures the
-updates needed to lower
-the training loss (on a fixed subset) by a fixed fraction, interpolated between evaluations and
-the median over seeds. Then:
-
-* McCandlish et al. (2018): ``(S / S_min - 1)(E / E_min - 1) = 1`` with E = S B the
-  examples (here per-worker batches), i.e. ``updates(B) = S_min + E_min / B``: a least-squares
-  line of the updates against 1 / B gives S_min (intercept) and E_min (slope), and
-  ``B_crit = E_min / S_min``;
-* Zhang et al. (ICLR 2025): the batch at which the updates exceed ideal linear scaling from the
-  smallest batch by 20% (``updates(B) B / (updates(B_1) B_1) = 1.2``, interpolated in log B);
-* the estimate: ``ol.diagnostics(state)["critical_batch_size"]`` at the checkpoint (B_simple of
-  the moving averages), and, from the same statistics without the averages' lag, B_simple of
-  ``fresh`` per-worker gradients drawn at the checkpoint's parameters.
-
-All batch sizes are in per-worker batches (multiply by ``per_worker_batch`` for examples).
-
-  python -m benchmarks.critical_batch.measure --out benchmarks/critical_batch/results
-  python -m benchmarks.critical_batch.measure --model attention --optimizer lena_adamw
-"""
+"""Measures one critical batch: the main run, its checkpoints' branches, the fits and the
+estimates (see the package's docstring)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -40,76 +13,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from benchmarks import harness
+from benchmarks import driver, harness
+from benchmarks.critical_batch.grid import OPTIMIZERS, Measurement, Measurements
 
 PyTree = Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """One measurement's sizes (``quick()``: the smoke test's)."""
-
-  model: str = "cnn"  # 'cnn' (momentum SGD rules) or 'attention' (AdamW rules)
-  optimizer: str = "adascale"  # a key of OPTIMIZERS[model]
-  learning_rate: float = 0.02  # eta0 of one per-worker batch; the rule scales it by its ratio
-  momentum: float = 0.9  # the CNN's; AdamW keeps the library's b1, b2
-  power: float = 0.5  # the AdamW rules' exponent of the ratio (the library's default)
-  per_worker_batch: int = 16
-  features: int = 32
-  num_samples_main: int = 4  # S of the main run
-  checkpoints: tuple[int, ...] = (20, 100, 400, 1500)  # updates of the main run
-  scales: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # S of the branches
-  seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
-  decrease: float = 0.1  # target: the checkpoint's loss times (1 - decrease)
-  max_updates: int = 600  # per branch; not reached: left out of the fit
-  eval_examples: int = 4096  # the fixed training subset whose loss is measured
-  fresh_workers: int = 256  # per-worker gradients of the fresh B_simple
-  mnist1d_samples: int = 10_000
-  cache_dir: str = "data_cache"
-
-
-OPTIMIZERS = {"cnn": ("adascale", "lena"), "attention": ("adascale_adamw", "lena_adamw")}
-
-
-def attention(optimizer: str = "lena_adamw") -> Setup:
-  """The attention model's measurement (RESULTS.md gives its duration).
-
-  As in ``benchmarks/adamw_scaling``: per-worker batch 8, weight decay 1e-4 on kernels, main run
-  at S = 8. The rate is that study's tuned 1e-2 at batch 64 brought to one per-worker batch of 8
-  by the square-root rule, so that branches down to S = 1 need no reference batch above theirs.
-  """
-  return Setup(
-    model="attention",
-    optimizer=optimizer,
-    learning_rate=1e-2 / math.sqrt(8),
-    per_worker_batch=8,
-    num_samples_main=8,
-    checkpoints=(20, 100, 300, 1000),
-    scales=(1, 2, 4, 8, 16, 32, 64),
-    seeds=(0, 1, 2, 3, 4, 5, 6, 7),
-    decrease=0.1,
-    max_updates=1000,  # the small S need many updates late in training (Adam at a low rate)
-    eval_examples=2048,
-  )
-
-
-def quick(cache_dir: str = "data_cache", model: str = "cnn") -> Setup:
-  """A seconds-long setup for the smoke test (of the CNN or of the attention model)."""
-  base = Setup() if model == "cnn" else attention()
-  return dataclasses.replace(
-    base,
-    features=8,
-    per_worker_batch=8,
-    checkpoints=(5, 15, 30),
-    scales=(1, 2, 4),
-    seeds=(0,),
-    decrease=0.01,
-    max_updates=40,
-    eval_examples=256,
-    fresh_workers=16,
-    mnist1d_samples=1000,
-    cache_dir=cache_dir,
-  )
+# The attention model's data and weight decay, as in benchmarks/adamw_scaling's first runs:
+# the validation-free seed-0 draw, inputs standardised with the training statistics.
+ATTENTION_WEIGHT_DECAY = 1e-4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,7 +87,16 @@ def crossing(evals: Sequence[tuple[int, float]], target: float) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
-def build(setup: Setup) -> tuple[dict[str, np.ndarray], Any, Any]:
+def attention_data(num_samples: int, cache_dir: str | Path) -> dict[str, np.ndarray]:
+  """MNIST-1D (seed 0), inputs standardised with the training set's mean and std."""
+  from examples import input_pipeline
+
+  data = input_pipeline.load_mnist1d(cache_dir, seed=0, num_samples=num_samples)
+  mean, std = data["x_train"].mean(), data["x_train"].std()
+  return {k: (v - mean) / std if k.startswith("x") else v for k, v in data.items()}
+
+
+def build(setup: Measurement, cache_dir: str | Path) -> tuple[dict[str, np.ndarray], Any, Any]:
   """The data, the model (Flax) and the optimizer of ``setup``.
 
   The base rate is constant: the branches isolate the batch, not the schedule.
@@ -189,28 +108,27 @@ def build(setup: Setup) -> tuple[dict[str, np.ndarray], Any, Any]:
   if setup.model == "cnn":
     from examples import input_pipeline, models
 
-    data = input_pipeline.load_mnist1d(setup.cache_dir, num_samples=setup.mnist1d_samples)
+    data = input_pipeline.load_mnist1d(cache_dir, num_samples=setup.mnist1d_samples)
     sgd = {"adascale": ol.adascale, "lena": ol.lena}[setup.optimizer]
     cnn = models.create_model("cnn1d", 10, features=setup.features)
     return data, cnn, sgd(setup.learning_rate, momentum=setup.momentum)
-  from benchmarks.adamw_scaling import model as attention_model
-  from benchmarks.adamw_scaling import train as adamw_train
+  from examples import models
 
-  data = adamw_train.load_data(setup.mnist1d_samples, setup.cache_dir)
+  data = attention_data(setup.mnist1d_samples, cache_dir)
   adamw = {"adascale_adamw": ol.adascale_adamw, "lena_adamw": ol.lena_adamw}[setup.optimizer]
   tx = adamw(
     setup.learning_rate,
-    weight_decay=adamw_train.WEIGHT_DECAY,
-    weight_decay_mask=attention_model.decay_mask,
+    weight_decay=ATTENTION_WEIGHT_DECAY,
+    weight_decay_mask=models.decay_mask,
     power=setup.power,
   )
-  return data, attention_model.PatchTransformer(), tx
+  return data, models.PatchTransformer(), tx
 
 
 class Trainer:
   """The model, its data, its optimizer and the compiled step (one program per S)."""
 
-  def __init__(self, setup: Setup):
+  def __init__(self, setup: Measurement, cache_dir: str | Path):
     import jax
     import jax.numpy as jnp
 
@@ -218,7 +136,7 @@ class Trainer:
     from examples import losses
 
     self.setup = setup
-    data, self.model, self.tx = build(setup)
+    data, self.model, self.tx = build(setup, cache_dir)
     self.x, self.y = data["x_train"], data["y_train"]
     self.eval_x = jnp.asarray(self.x[: setup.eval_examples])
     self.eval_y = jnp.asarray(self.y[: setup.eval_examples])
@@ -280,9 +198,9 @@ class Trainer:
     return crossing(evals, target)
 
 
-def measure(setup: Setup) -> dict[str, Any]:
+def measure(setup: Measurement, cache_dir: str | Path = "data_cache") -> dict[str, Any]:
   """The main run, its checkpoints' branches, the fits and the estimates (a JSON-able dict)."""
-  trainer = Trainer(setup)
+  trainer = Trainer(setup, cache_dir)
   rng = np.random.default_rng(12345)
   state = trainer.init_state
   done, rows = 0, []
@@ -336,119 +254,7 @@ def measure(setup: Setup) -> dict[str, Any]:
   }
 
 
-# ----------------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------------
-
-
-def _fmt(x: float) -> str:
-  return "n/a" if math.isnan(x) else ("inf" if math.isinf(x) else f"{x:.3g}")
-
-
-def within_2x(estimate: float, measured: float) -> str:
-  if not (math.isfinite(estimate) and math.isfinite(measured) and measured > 0 and estimate > 0):
-    return "n/a"
-  return "yes" if 0.5 <= estimate / measured <= 2.0 else "no"
-
-
-def table(result: dict[str, Any]) -> str:
-  """The Markdown table of a :func:`measure` result."""
-  scales = result["setup"]["scales"]
-  header = [
-    "update",
-    "loss",
-    *[f"updates S={s}" for s in scales],
-    "S_min",
-    "E_min",
-    "B_crit (fit)",
-    "B_crit (Zhang 20%)",
-    "estimate (state)",
-    "B_simple fresh",
-    "state within 2x: fit / Zhang",
-    "fresh within 2x: fit / Zhang",
-  ]
-  rows = [
-    [
-      r["checkpoint"],
-      f"{r['train_loss']:.3f}",
-      *[_fmt(u) for u in r["updates"]],
-      _fmt(r["s_min"]),
-      _fmt(r["e_min"]),
-      _fmt(r["b_crit"]),
-      _fmt(r["zhang"]),
-      _fmt(r["estimate"]),
-      _fmt(r["estimate_fresh"]),
-      f"{within_2x(r['estimate'], r['b_crit'])} / {within_2x(r['estimate'], r['zhang'])}",
-      f"{within_2x(r['estimate_fresh'], r['b_crit'])} / "
-      f"{within_2x(r['estimate_fresh'], r['zhang'])}",
-    ]
-    for r in result["rows"]
-  ]
-  return harness.markdown_table(header, rows)
-
-
-def plot(result: dict[str, Any], path: Path) -> Path:
-  """Updates against S per checkpoint, the fitted curves and the estimates (PNG)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  scales = np.asarray(result["setup"]["scales"], np.float64)
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  grid = np.geomspace(scales[0], scales[-1], 100)
-  for i, r in enumerate(result["rows"]):
-    color = f"C{i}"
-    ax.loglog(scales, r["updates"], "o", color=color, label=f"update {r['checkpoint']}")
-    if math.isfinite(r["s_min"]):
-      ax.loglog(grid, r["s_min"] + r["e_min"] / grid, "-", color=color, alpha=0.6)
-    for key, style in (("b_crit", "-"), ("estimate", "--"), ("estimate_fresh", ":")):
-      if math.isfinite(r[key]) and scales[0] / 4 < r[key] < scales[-1] * 4:
-        ax.axvline(r[key], color=color, linestyle=style, alpha=0.5)
-  ax.set_xlabel("S (per-worker batches per update)")
-  ax.set_ylabel(f"updates to a {result['setup']['decrease']:.0%} lower training loss")
-  ax.set_title("Critical batch: fit (solid), state estimate (dashed), fresh B_simple (dotted)")
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", default="benchmarks/critical_batch/results")
-  parser.add_argument("--model", default="cnn", choices=tuple(OPTIMIZERS))
-  parser.add_argument(
-    "--optimizer",
-    help="cnn: adascale (default), lena; attention: lena_adamw (default), adascale_adamw",
-  )
-  parser.add_argument("--quick", action="store_true", help="the smoke test's sizes")
-  parser.add_argument(
-    "--report_only", action="store_true", help="rebuild every table and plot from --out's JSON"
-  )
-  args = parser.parse_args(argv)
-  out = Path(args.out)
-  if args.report_only:
-    for path in sorted(out.glob("critical_batch_*.json")):
-      result = json.loads(path.read_text())
-      name = path.stem.removeprefix("critical_batch_")
-      harness.write_text(out / f"table_{name}.md", table(result) + "\n")
-      plot(result, path.with_suffix(".png"))
-    return
-  setup = quick(model=args.model) if args.quick else Setup() if args.model == "cnn" else attention()
-  if args.optimizer is not None:
-    setup = dataclasses.replace(setup, optimizer=args.optimizer)
-  result = measure(setup)
-  result["machine"] = harness.machine_info()
-  # The CNN's files keep their names: critical_batch_adascale.json, table_lena.md, ...
-  name = setup.optimizer if setup.model == "cnn" else f"{setup.model}_{setup.optimizer}"
-  harness.write_json(out / f"critical_batch_{name}.json", result)
-  harness.write_text(out / f"table_{name}.md", table(result) + "\n")
-  plot(result, out / f"critical_batch_{name}.png")
-  print(table(result))
-
-
-if __name__ == "__main__":
-  main()
+def run(cell: Measurement, setup: Measurements, context: driver.Context) -> dict[str, Any]:
+  """One measurement, with the machine it ran on."""
+  del setup
+  return {**measure(cell, context.cache_dir), "machine": harness.machine_info()}
