@@ -1,28 +1,9 @@
-"""Multi-host step time: the trainer on 2 processes x 4 devices against 1 process x 8 devices.
-
-The same run (MNIST-1D CNN, LENA, S = 16 per-worker batches = 8 devices x 2 micro-batches) is
-started with ``python -m examples.main`` as
-
-* ``1x8``: one process with 8 simulated CPU devices;
-* ``2x4``: two local processes with 4 devices each, joined by ``jax.distributed`` (gloo);
-* ``1x4``: one process with 4 devices and half the global batch: one process's share of the
-  ``2x4`` work, with no other process (``2x4`` minus ``1x4`` is what joining costs).
-
-The configurations alternate (``--rounds`` times each, side by side on the same machine), so a
-change of load hits them alike. The step time of a run is the median wall time between
-consecutive ``metrics.jsonl`` records (one per update) from update ``--skip`` to ``--steps``
-(the median update: robust to bursts of load): compilation and the first updates are
-excluded. Writes ``results/summary.json`` and ``results/table.md`` (quoted by ``RESULTS.md``).
-
-Usage::
-
-  python -m benchmarks.multihost.bench                 # RESULTS.md's numbers
-  python -m benchmarks.multihost.bench --rounds 1 --steps 12 --skip 4 --out /tmp/mh  # smoke
-"""
+"""Measures the trainer's step time on 2 processes x 4 devices against 1 x 8 (and 1 x 4), each
+run started with ``python -m examples.main`` (see the package's docstring)."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import socket
 import statistics
@@ -30,15 +11,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from benchmarks import harness
+from benchmarks import driver, harness
+from benchmarks.multihost.grid import LAYOUTS, Bench, Measurement
 from examples import metrics
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-LAYOUTS = {"1x8": (1, 8, 16), "2x4": (2, 4, 16), "1x4": (1, 4, 8)}  # processes, devices, S
 
 
 def free_port() -> int:
@@ -94,67 +75,25 @@ def step_time(workdir: Path, skip: int, steps: int) -> float:
   return statistics.median(wall[t] - wall[t - 1] for t in range(skip + 1, steps + 1))
 
 
-def report(results: dict[str, list[float]], args: argparse.Namespace) -> str:
-  base = statistics.median(results["1x8"])
-  rows = [
-    (
-      name,
-      f"{LAYOUTS[name][0]} x {LAYOUTS[name][1]}",
-      LAYOUTS[name][2],
-      harness.mean_std([1e3 * t for t in results[name]], ".1f"),
-      f"{1e3 * statistics.median(results[name]):.1f}",
-      f"{statistics.median(results[name]) / base:.2f}",
-    )
-    for name in LAYOUTS
-  ]
-  ratios = [m / s for m, s in zip(results["2x4"], results["1x8"], strict=True)]
-  table = harness.markdown_table(
-    ("layout", "processes x devices", "S", "ms / update (mean ± std)", "median", "/ 1x8"), rows
-  )
-  return (
-    f"{table}\n\n2x4 / 1x8 per round (side by side): "
-    + ", ".join(f"{r:.2f}" for r in ratios)
-    + f"; median {statistics.median(ratios):.2f}.\n\nCommand: "
-    f"`python -m benchmarks.multihost.bench --rounds {args.rounds} --steps {args.steps} "
-    f"--skip {args.skip} --per_worker_batch {args.per_worker_batch}`."
-  )
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.multihost.bench", description=__doc__)
-  parser.add_argument("--rounds", type=int, default=3, help="runs of each layout, alternating")
-  parser.add_argument("--steps", type=int, default=30, help="updates per run")
-  parser.add_argument("--skip", type=int, default=10, help="updates before the timed window")
-  parser.add_argument("--out", default="benchmarks/multihost/results", help="summary directory")
-  parser.add_argument("--cache_dir", default="data_cache", help="MNIST-1D cache")
-  parser.add_argument(
-    "--per_worker_batch", type=int, default=32, help="examples per worker (compute per update)"
-  )
-  args = parser.parse_args(argv)
-  if not 0 < args.skip < args.steps:
-    parser.error("--skip must be between 0 and --steps.")
+def run(cell: Measurement, setup: Bench, context: driver.Context) -> dict[str, Any]:
+  """The layouts alternating ``setup.rounds`` times: each run's median step seconds."""
+  del cell
   results: dict[str, list[float]] = {name: [] for name in LAYOUTS}
   with tempfile.TemporaryDirectory() as tmp:
-    for r in range(args.rounds):
+    for r in range(setup.rounds):
       for name in LAYOUTS:
         workdir = Path(tmp) / f"{name}_{r}"
-        wall = run_once(name, workdir, args.steps, args.cache_dir, args.per_worker_batch)
-        results[name].append(step_time(workdir, args.skip, args.steps))
+        cache = str(context.cache_dir)
+        wall = run_once(name, workdir, setup.steps, cache, setup.per_worker_batch)
+        results[name].append(step_time(workdir, setup.skip, setup.steps))
         print(
-          f"[round {r + 1}/{args.rounds}] {name}: {1e3 * results[name][-1]:.1f} ms / update "
+          f"[round {r + 1}/{setup.rounds}] {name}: {1e3 * results[name][-1]:.1f} ms / update "
           f"({wall:.0f} s with start-up and compilation)",
           flush=True,
         )
-  text = report(results, args)
-  print("\n" + text)
-  out = Path(args.out)
-  harness.write_json(
-    out / "summary.json",
-    {"step_seconds": results, "args": vars(args), "machine": harness.machine_info()},
-  )
-  (out / "table.md").write_text(text + "\n")
-  return results
-
-
-if __name__ == "__main__":
-  main()
+  return {
+    "step_seconds": results,
+    "args": dataclasses.asdict(setup),
+    "recorded": harness.recorded(),
+    "machine": harness.machine_info(),
+  }
