@@ -1,39 +1,18 @@
-"""AdamW at large batch: linear vs square-root scaling, LAMB, AdaScale and LENA (p = 1, 1/2).
-
-A small attention model (``model.py``) on MNIST-1D sequences, S = 8 ... 256 per-worker
-gradients of batch 8, the same epoch budget at every S, AdamW's rate tuned at S = 8 (global
-batch 64, the reference batch of the optax_lena optimizers). Methods: ``train.METHODS``.
-
-The grid runs in two phases, both resumable with ``benchmarks.harness.run_grid`` (finished runs
-are skipped; ``--shard I/N`` lets N processes share a phase):
-
-  python -m benchmarks.adamw_scaling.study --phase sweep             # AdamW's rate at S = 8
-  python -m benchmarks.adamw_scaling.study --phase grid --seeds 0    # every method, seed 0
-  python -m benchmarks.adamw_scaling.study --phase grid --seeds 0 1 2 --shard 0/2   # and 1/2
-  python -m benchmarks.adamw_scaling.study --report_only             # tables and plots
-
-The tuned-AdamW reference and Malladi et al.'s rule run in two more phases (pre-registered in
-RESULTS.md): ``--phase select`` sweeps plain AdamW's rate at every S on the selection seeds and
-scores it on the validation set (``selection``); ``--phase final`` runs, on the reported seeds,
-AdamW at each S's chosen rate and Malladi's rule from the base rate (run ``select`` again
-first if a best rate was at an edge of the sweep: that adds one more rate beyond it).
-
-LAMB's rate is swept at every S with seed 0 (``lamb_rates``); its other seeds run that S's best
-rate and its two neighbours (so every seed shows whether that rate is its best too), and join
-the grid once seed 0's sweep has finished (run the grid again). The raw
-runs are packed into ``results/runs.tar.xz`` (unpacked again when ``runs/`` is absent).
-"""
+"""The AdamW study's grid: its arms (``METHODS``), the rules' shared settings, and the phases of
+runs, each joining once the runs it depends on have finished: AdamW's rate sweep at S = 8, the
+grid of every rule (LAMB's rate swept on seed 0, its other seeds at that rate and its two
+neighbours), the validation selection of AdamW's and LAMB's rates at every S (selection and
+check seeds), and the final runs at the chosen rates with Malladi et al.'s rule."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 SCALES = (8, 32, 128, 256)
 ADAM_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
 LAMB_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
@@ -53,6 +32,70 @@ SELECTED_METHODS = (TUNED_METHOD, "lamb")  # LAMB's validation selection: also a
 SELECTION_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
 
+PER_WORKER_BATCH = 8
+REFERENCE_SCALE = 8  # the rate is tuned at S = 8 workers ...
+REFERENCE_BATCH = REFERENCE_SCALE * PER_WORKER_BATCH  # ... i.e. at global batch 64
+WEIGHT_DECAY = 1e-4
+B1, B2, ADAM_EPS = 0.9, 0.999, 1e-8  # Adam's defaults at the reference batch
+# The validation set is the test part of an independent MNIST-1D draw (another generation
+# seed): held out from the seed-0 training and test sets by construction.
+VALIDATION_SEED = 1
+WARMUP_FRACTION = 0.05  # LSW's fixed warm-up and the state-aware theta: 5% of the base steps
+NUM_EVALS = 10  # evaluations of the test split per run (one every total / NUM_EVALS updates)
+
+# name: (label, kind, power, state-aware warm-up). kind "linear_scaling" gets LSW's fixed
+# warm-up, "lamb" the same linear warm-up on its schedule.
+METHODS: dict[str, tuple[str, str, float, bool]] = {
+  "adam_lsw": ("Adam + LSW (linear)", "linear_scaling", 1.0, False),
+  "adam_sqrt_lsw": ("Adam + sqrt LSW", "linear_scaling", 0.5, False),
+  "lamb": ("LAMB (rate swept)", "lamb", 1.0, False),
+  "adascale": ("AdaScale-AdamW p=1", "adascale", 1.0, False),
+  "adascale_sqrt": ("AdaScale-AdamW p=1/2", "adascale", 0.5, False),
+  "lena": ("LENA-AdamW p=1", "lena", 1.0, False),
+  "lena_sqrt": ("LENA-AdamW p=1/2", "lena", 0.5, False),
+  "adascale_sa": ("AdaScale-AdamW p=1 + SA warm-up", "adascale", 1.0, True),
+  "adascale_sqrt_sa": ("AdaScale-AdamW p=1/2 + SA warm-up", "adascale", 0.5, True),
+  "lena_sa": ("LENA-AdamW p=1 + SA warm-up", "lena", 1.0, True),
+  "lena_sqrt_sa": ("LENA-AdamW p=1/2 + SA warm-up", "lena", 0.5, True),
+  # Plain AdamW at its own rate (swept at every S on the validation set): the reference.
+  "adamw": ("AdamW (rate tuned on validation)", "adamw", 1.0, False),
+  # Malladi et al.'s square-root SDE rule for Adam: rate x sqrt(k), 1 - b1 and 1 - b2 times k,
+  # eps / sqrt(k). Defined only where k (1 - b1) < 1.
+  "malladi": ("Adam + Malladi SDE rule", "malladi", 0.5, False),
+  # Where it is not (k >= 10): the same rule with b1 kept (a variant, not the paper's rule).
+  "malladi_b2": ("Adam + Malladi rule, b1 kept (variant)", "malladi_b2", 0.5, False),
+}
+# The rules of the original grid (:func:`grid_runs`); the others run in their own phases.
+GRID_METHODS = tuple(m for m in METHODS if METHODS[m][1] not in ("adamw", "malladi", "malladi_b2"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One cell of the grid; ``name`` is its directory under ``runs/``."""
+
+  method: str
+  num_workers: int
+  seed: int
+  learning_rate: float
+  epochs: int
+  num_samples: int  # MNIST-1D examples before the 80/20 split
+  sweep: bool = False  # a learning-rate sweep run (its rate is in the name)
+
+  @property
+  def name(self) -> str:
+    rate = f"_lr{self.learning_rate:g}" if self.sweep else ""
+    return f"{self.method}{rate}_S{self.num_workers}_seed{self.seed}"
+
+  @property
+  def global_batch(self) -> int:
+    return self.num_workers * PER_WORKER_BATCH
+
+  @property
+  def scale(self) -> int:
+    """k, reference batches per update."""
+    return self.global_batch // REFERENCE_BATCH
+
+
 def final_accuracy(workdir: Path) -> float | None:
   from examples import metrics
 
@@ -61,9 +104,7 @@ def final_accuracy(workdir: Path) -> float | None:
   return float(metrics.read_metrics(workdir, "eval")[-1]["eval_accuracy"])
 
 
-def sweep_runs(epochs: int, num_samples: int) -> list[Any]:
-  from benchmarks.adamw_scaling.train import Run
-
+def sweep_runs(epochs: int, num_samples: int) -> list[Run]:
   return [Run(SWEEP_METHOD, 8, 0, lr, epochs, num_samples, sweep=True) for lr in ADAM_RATES]
 
 
@@ -146,7 +187,6 @@ def chosen_rate(
   runs_dir: Path, method: str, s: int, epochs: int, num_samples: int, seeds: Sequence[int]
 ) -> tuple[list[float], float | None]:
   """``selection`` of ``method`` at S = ``s`` from the finished runs under ``runs_dir``."""
-  from benchmarks.adamw_scaling.train import Run
 
   def score(s: int, lr: float, seed: int) -> float | None:
     run = Run(method, s, seed, lr, epochs, num_samples, sweep=True)
@@ -159,8 +199,6 @@ def selection_runs(
   runs_dir: Path, scales: Sequence[int], epochs: int, num_samples: int
 ) -> list[Any]:
   """AdamW's and LAMB's rate sweeps on the selection (and check) seeds at every S."""
-  from benchmarks.adamw_scaling.train import Run
-
   runs: dict[str, Any] = {}
   for seeds in (SELECTION_SEEDS, CHECK_SEEDS):
     for method in SELECTED_METHODS:
@@ -179,8 +217,6 @@ def final_runs(
   < 1; elsewhere its b1-kept variant, if asked), and AdamW and LAMB at each S's chosen rates
   (by the selection and the check seeds; finished runs, e.g. archived LAMB ones, are skipped; at
   S = 8 the archived baseline is AdamW's run when the chosen rate is the base rate)."""
-  from benchmarks.adamw_scaling.train import B1, Run
-
   base = best_rate(sweep_runs(epochs, num_samples), runs_dir)
   runs: dict[str, Any] = {}
   for s in (s for s in scales if s > 8):
@@ -205,10 +241,8 @@ def final_runs(
 
 def grid_runs(
   runs_dir: Path, seeds: Sequence[int], scales: Sequence[int], epochs: int, num_samples: int
-) -> list[Any]:
+) -> list[Run]:
   """Seed-major, so that a cut-short grid has every method at every S for the first seeds."""
-  from benchmarks.adamw_scaling.train import GRID_METHODS, Run
-
   rate = best_rate(sweep_runs(epochs, num_samples), runs_dir)
   if rate is None:
     raise SystemExit(
@@ -239,48 +273,33 @@ def grid_runs(
   return runs
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--phase", choices=("sweep", "grid", "select", "final"), default="grid")
-  parser.add_argument(
-    "--malladi_variant", action="store_true", help="final: also the b1-kept rule where k >= 10"
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """The study's sizes: the grid's seeds and scales, the epoch budget, the MNIST-1D draw, and
+  whether the final runs add Malladi's b1-kept variant where the rule is undefined."""
+
+  seeds: tuple[int, ...] = FINAL_SEEDS
+  scales: tuple[int, ...] = SCALES
+  epochs: int = EPOCHS
+  num_samples: int = NUM_SAMPLES
+  malladi_variant: bool = True
+
+
+# A tiny version for the smoke test: one sweep rate is not enough to choose, so it is the
+# whole grid at S = 8 and 16 on a small draw, one epoch.
+SMOKE = Setup(seeds=(0,), scales=(8, 16), epochs=1, num_samples=1000, malladi_variant=False)
+
+
+def cells(setup: Setup, out: Path) -> list[Run]:
+  """The sweep; once it has finished, the grid; the selection sweeps; then the final runs at
+  the chosen rates (each phase's runs in its own order, a run named twice kept once)."""
+  runs_dir = out / "runs"
+  sweep = sweep_runs(setup.epochs, setup.num_samples)
+  phases = [sweep]
+  if best_rate(sweep, runs_dir) is not None:
+    phases.append(grid_runs(runs_dir, setup.seeds, setup.scales, setup.epochs, setup.num_samples))
+  phases.append(selection_runs(runs_dir, setup.scales, setup.epochs, setup.num_samples))
+  phases.append(
+    final_runs(runs_dir, setup.scales, setup.epochs, setup.num_samples, setup.malladi_variant)
   )
-  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--scales", type=int, nargs="+", default=list(SCALES))
-  parser.add_argument("--epochs", type=int, default=EPOCHS)
-  parser.add_argument("--num_samples", type=int, default=NUM_SAMPLES)
-  parser.add_argument("--shard", type=harness.parse_shard, default=(0, 1))
-  parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-  parser.add_argument("--report_only", action="store_true")
-  args = parser.parse_args(argv)
-  runs_dir = args.out / "runs"
-  harness.unpack_runs(args.out)
-  if not args.report_only:
-    from benchmarks.adamw_scaling import train
-
-    data = train.load_data(args.num_samples)
-    if args.phase == "sweep":
-      runs = sweep_runs(args.epochs, args.num_samples)
-    elif args.phase == "select":
-      runs = selection_runs(runs_dir, args.scales, args.epochs, args.num_samples)
-    elif args.phase == "final":
-      runs = final_runs(runs_dir, args.scales, args.epochs, args.num_samples, args.malladi_variant)
-    else:
-      runs = grid_runs(runs_dir, args.seeds, args.scales, args.epochs, args.num_samples)
-    harness.run_grid(
-      runs,
-      lambda run, workdir: train.train(run, workdir, data),
-      runs_dir,
-      shard=args.shard,
-      config_of=train.config_of,
-    )
-    harness.write_json(args.out / "machine.json", harness.machine_info())
-    harness.pack_runs(args.out)
-  if args.phase == "grid" or args.report_only:
-    from benchmarks.adamw_scaling import report
-
-    report.write_report(args.out)
-
-
-if __name__ == "__main__":
-  main()
+  return list({run.name: run for phase in phases for run in phase}.values())
