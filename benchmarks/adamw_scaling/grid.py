@@ -245,9 +245,9 @@ def grid_runs(
   """Seed-major, so that a cut-short grid has every method at every S for the first seeds."""
   rate = best_rate(sweep_runs(epochs, num_samples), runs_dir)
   if rate is None:
-    raise SystemExit(
-      "The AdamW rate sweep has not finished: run python -m benchmarks.adamw_scaling.study "
-      "--phase sweep first."
+    raise ValueError(
+      "The AdamW rate sweep has not finished: the grid joins once it has (python -m "
+      "benchmarks.adamw_scaling runs it first)."
     )
   runs = []
   for seed in seeds:

@@ -60,7 +60,7 @@ def _fake_finished(runs_dir, run, accuracy):
 
 def test_grid_uses_the_best_swept_rates(tmp_path):
   runs_dir = tmp_path / "runs"
-  with pytest.raises(SystemExit, match="--phase sweep"):
+  with pytest.raises(ValueError, match="sweep has not finished"):
     study.grid_runs(runs_dir, [0], [8, 32], 2, 1000)
   for run, acc in zip(study.sweep_runs(2, 1000), [0.5, 0.7, 0.6, 0.4], strict=True):
     _fake_finished(runs_dir, run, acc)

@@ -1,6 +1,8 @@
-"""The benchmarks' shared harness: shards, the finished rule, the resumable grid, archives,
+"""The studies' driver and its kit: shards, the resumable run of a grid's cells in each store
+(one that grows as cells finish), ``--set``, the command line; the finished rule, archives,
 report cells, and the two process set-ups (host devices, allocator re-exec)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness
+from benchmarks import driver, harness
 
 
 def test_parse_shard_accepts_i_of_n_and_names_the_form_otherwise() -> None:
-  assert harness.parse_shard("0/1") == (0, 1)
-  assert harness.parse_shard("2/3") == (2, 3)
+  assert driver.parse_shard("0/1") == (0, 1)
+  assert driver.parse_shard("2/3") == (2, 3)
   for bad in ("3/3", "-1/2", "1", "a/b", "1/0", ""):
     with pytest.raises(ValueError, match="expected I/N"):
-      harness.parse_shard(bad)
+      driver.parse_shard(bad)
 
 
 def test_shards_partition_the_grid() -> None:
   items = list(range(10))
-  parts = [harness.shard_of(items, (i, 3)) for i in range(3)]
+  parts = [driver.shard_of(items, (i, 3)) for i in range(3)]
   assert sorted(x for p in parts for x in p) == items
   assert parts[1] == [1, 4, 7]
 
@@ -64,69 +66,160 @@ def test_finished_rule_reads_the_trainer_schema(tmp_path: Path) -> None:
   assert not harness.is_finished(tmp_path / "done")
 
 
-class _Run:
-  def __init__(self, name: str, setting: int = 0):
-    self.name, self.setting = name, setting
+@dataclasses.dataclass(frozen=True)
+class _Cell:
+  name: str
+  setting: int = 0
 
 
-def test_run_grid_trains_the_unfinished_runs_of_its_shard_and_resumes(
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+  cells: int = 5
+  grows: bool = False  # a last cell joins once the others have finished
+  rates: tuple[float, ...] = (0.1,)
+  label: str | None = None
+  flag: bool = False
+
+
+def _cells(sizes: _Sizes, out: Path) -> list[_Cell]:
+  cells = [_Cell(f"run{i}") for i in range(sizes.cells)]
+  done = harness.load_summaries(out)
+  if sizes.grows and all(c.name in done for c in cells):
+    cells.append(_Cell("chosen"))
+  return cells
+
+
+def _context(out: Path, shard: tuple[int, int] = (0, 1)) -> driver.Context:
+  return driver.Context(out, out / "cache", "default", shard)
+
+
+def test_run_cells_trains_the_unfinished_run_directories_of_its_shard_and_resumes(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-  runs = [_Run(f"run{i}") for i in range(5)]
   trained: list[str] = []
 
-  def train(run: _Run, workdir: Path) -> None:
-    trained.append(run.name)
-    _write_run(workdir, total=2, last=2, setting=run.setting)
+  def run(cell: _Cell, sizes: _Sizes, context: driver.Context) -> None:
+    trained.append(cell.name)
+    _write_run(context.out / "runs" / cell.name, total=2, last=2, setting=cell.setting)
 
-  assert harness.run_grid(runs, train, tmp_path, shard=(1, 2)) == (2, 0)
+  store = driver.RunDirectories(settings=lambda cell, sizes, context: {"setting": cell.setting})
+  grid = driver.Grid(_cells, run, lambda sizes, out: driver.Report("", {}), store)
+  assert driver.run_cells(grid, _Sizes(), _context(tmp_path, (1, 2))) == (2, 0)
   assert trained == ["run1", "run3"]
   out = capsys.readouterr().out
   assert "[1/2] run1: acc 0.5000 after 2 updates" in out
-  assert out.strip().splitlines()[-1].startswith("Trained 2, skipped 0 in ")
+  assert out.strip().splitlines()[-1].startswith("Ran 2, skipped 0 in ")
+  assert (tmp_path / "runs.tar.xz").exists()  # archived after the cells ran
 
-  _write_run(tmp_path / "run0", total=2, last=1)  # interrupted: trained again
-  assert harness.run_grid(runs, train, tmp_path) == (3, 2)
+  _write_run(tmp_path / "runs" / "run0", total=2, last=1)  # interrupted: trained again
+  assert driver.run_cells(grid, _Sizes(), _context(tmp_path)) == (3, 2)
   assert trained[2:] == ["run0", "run2", "run4"]
   assert capsys.readouterr().out.count("finished earlier, skipped") == 2
 
   # Resuming with other settings into the same directory is refused before anything runs.
-  changed = [_Run("run0", setting=1)]
+  other = driver.Grid(lambda s, o: [_Cell("run0", 1)], run, grid.report, store)
   with pytest.raises(ValueError, match=r"other settings \(setting\)"):
-    harness.run_grid(changed, train, tmp_path, config_of=lambda r: {"setting": r.setting})
+    driver.run_cells(other, _Sizes(), _context(tmp_path))
 
 
-def test_run_summaries_resumes_from_every_shards_file_and_stops_at_the_limit(
+def test_run_cells_keeps_summaries_per_shard_grows_the_grid_and_stops_at_the_limit(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-  runs = [_Run(f"run{i}") for i in range(5)]
   ran: list[str] = []
 
-  def summarise(run: _Run) -> dict:
-    ran.append(run.name)
+  def run(cell: _Cell, sizes: _Sizes, context: driver.Context) -> dict:
+    ran.append(cell.name)
     return {"test_accuracy": 0.25}
 
-  def shard_store(shard: tuple[int, int]) -> tuple[dict, object]:
-    path = harness.summaries_path(tmp_path, shard)
-    return harness.load_summaries(path), lambda s: harness.save_summaries(path, s)
-
+  grid = driver.Grid(_cells, run, lambda sizes, out: driver.Report("", {}), driver.Summaries())
+  sizes = _Sizes(grows=True)
   for shard in ((0, 2), (1, 2)):
-    store, save = shard_store(shard)
-    assert harness.run_summaries(runs, summarise, store, save, shard=shard, limit=2) == (2, 0)
+    assert driver.run_cells(grid, sizes, _context(tmp_path, shard), limit=2) == (2, 0)
   assert ran == ["run0", "run2", "run1", "run3"]
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["runs-0-of-2.json", "runs-1-of-2.json"]
+  files = sorted(p.name for p in tmp_path.iterdir())
+  assert files == ["machine.json", "runs-0-of-2.json", "runs-1-of-2.json"]
   assert "[1/3] run0: acc 0.2500" in capsys.readouterr().out
-  everything = harness.load_summaries(tmp_path)
-  assert sorted(everything) == ["run0", "run1", "run2", "run3"]
+  assert sorted(harness.load_summaries(tmp_path)) == ["run0", "run1", "run2", "run3"]
 
-  # One process resumes the grid: the shards' runs are finished, only run4 runs.
-  store, save = shard_store((0, 1))
-  assert harness.run_summaries(runs, summarise, store, save, finished=everything) == (1, 4)
-  assert ran[4:] == ["run4"] and list(harness.load_summaries(tmp_path / "runs.json")) == ["run4"]
+  # One process resumes: the shards' cells are finished; run4 runs, then the chosen cell joins.
+  assert driver.run_cells(grid, sizes, _context(tmp_path)) == (2, 4)
+  assert ran[4:] == ["run4", "chosen"]
+  assert list(harness.load_summaries(tmp_path / "runs.json")) == []  # no such folder
+  assert sorted(json.loads((tmp_path / "runs.json").read_text())) == ["chosen", "run4"]
   assert capsys.readouterr().out.count("finished earlier, skipped") == 4
   before = (tmp_path / "runs.json").read_bytes()
-  harness.save_summaries(tmp_path / "runs.json", dict(reversed(list(store.items()))))
+  harness.save_summaries(
+    tmp_path / "runs.json", {"run4": {"test_accuracy": 0.25}, "chosen": {"test_accuracy": 0.25}}
+  )
   assert (tmp_path / "runs.json").read_bytes() == before  # sorted: the same bytes
+
+
+def test_summaries_with_a_key_refuse_a_file_of_another_setup(tmp_path: Path) -> None:
+  grid = driver.Grid(
+    _cells, lambda c, s, x: {"v": 1}, lambda s, o: driver.Report("", {}),
+    driver.Summaries("summary.json", key="runs"),
+  )  # fmt: skip
+  driver.run_cells(grid, _Sizes(cells=1), _context(tmp_path))
+  stored = json.loads((tmp_path / "summary.json").read_text())
+  assert stored["runs"] == {"run0": {"v": 1}} and stored["setup"]["cells"] == 1
+  assert {"recorded", "machine"} <= set(stored)
+  assert driver.run_cells(grid, _Sizes(cells=1), _context(tmp_path)) == (0, 1)
+  with pytest.raises(ValueError, match=r"another setup \(cells, rates\)"):
+    driver.run_cells(grid, _Sizes(cells=2, rates=(0.2,)), _context(tmp_path))
+
+
+def test_files_store_one_file_per_cell_compressed_or_not(tmp_path: Path) -> None:
+  for suffix in (".json", ".json.xz"):
+    store = driver.Files(suffix)
+    grid = driver.Grid(_cells, lambda c, s, x: {"cell": c.name}, lambda s, o: None, store)
+    assert driver.run_cells(grid, _Sizes(cells=2), _context(tmp_path)) == (2, 0)
+    assert store.load(tmp_path, "run1") == {"cell": "run1"}
+    assert driver.run_cells(grid, _Sizes(cells=2), _context(tmp_path)) == (0, 2)
+  assert store.load(tmp_path, "absent") is None
+
+
+def test_set_converts_to_the_field_types_and_names_the_keys() -> None:
+  changed = driver.override(
+    _Sizes(), ["cells=3", "rates=0.5, 1", "label=x", "flag=true", "grows=0"]
+  )
+  assert changed == _Sizes(cells=3, rates=(0.5, 1.0), label="x", flag=True, grows=False)
+  assert driver.override(_Sizes(label="x"), ["label=none"]).label is None
+  for bad, match in (
+    ("size=3", "valid keys: cells, grows, rates, label, flag"),
+    ("cells=three", "expected int"),
+    ("flag=maybe", "expected a boolean"),
+    ("cells", "key=value"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      driver.override(_Sizes(), [bad])
+
+
+def test_main_runs_then_reports_and_needs_out_for_a_setup_git_keeps_no_results_of(
+  tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+  def report(sizes: _Sizes, out: Path) -> driver.Report:
+    text = f"{len(harness.load_summaries(out))} of {sizes.cells}"
+    return driver.Report(text, {"tables.md": text + "\n"})
+
+  grid = driver.Grid(_cells, lambda c, s, x: {"test_accuracy": 0.5}, report, driver.Summaries())
+  study = driver.Study(
+    "benchmarks.toy",
+    "A toy study.\n\nMore.",
+    tmp_path / "results",
+    {"default": driver.Setup(grid, _Sizes(cells=3)), "smoke": driver.Setup(grid, _Sizes(), None)},
+  )
+  assert study.committed() == ["default"]
+  assert driver.main(study, ["--max_cells", "2", "--set", "cells=4"]) == "2 of 4"
+  assert (tmp_path / "results" / "tables.md").read_text() == "2 of 4\n"
+  assert driver.main(study, ["--report_only"]) == "2 of 3"
+  assert "Ran" not in capsys.readouterr().out.split("2 of 4")[-1]
+  with pytest.raises(SystemExit):
+    driver.main(study, ["--setup", "smoke"])
+  assert "--setup smoke keeps no results in git: give --out DIR" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    driver.main(study, ["--set", "size=1"])
+  assert "valid keys" in capsys.readouterr().err
+  assert driver.main(study, ["--setup", "smoke", "--out", str(tmp_path / "s")]) == "5 of 5"
 
 
 def test_runs_archive_is_reproducible_and_unpacks_only_into_a_fresh_directory(
