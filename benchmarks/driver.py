@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import lzma
 import time
@@ -49,6 +50,18 @@ class Cell(Protocol):
 
   @property
   def name(self) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  """A cell that is one measurement, kept as one file (a :class:`Files` store's)."""
+
+  name: str
+
+
+def measurement(name: str) -> Callable[[Any, Path], list[Measurement]]:
+  """The ``cells`` of a grid that is the one measurement ``name`` (``<name>.json``)."""
+  return lambda config, out: [Measurement(name)]
 
 
 class Context(NamedTuple):
@@ -310,21 +323,30 @@ class Setup:
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-  """A study: its entry (``python -m <module>``), what it asks, where its results live and
-  its setups (the first ones with a folder are the study as committed)."""
+  """A study: its package (the entry ``python -m <module>``) and its setups (those with a folder
+  are the study as committed). What it asks is the package's docstring and its results are the
+  package's ``results/`` folder, unless given."""
 
   module: str
-  description: str
-  results: Path
   setups: Mapping[str, Setup]
+  description: str = ""
+  results: Path | None = None
+
+  def __post_init__(self) -> None:
+    if not self.description or self.results is None:
+      package = importlib.import_module(self.module)
+      object.__setattr__(self, "description", self.description or package.__doc__ or "")
+      if self.results is None:
+        object.__setattr__(self, "results", Path(package.__file__ or "").parent / "results")
 
   def committed(self) -> list[str]:
     """The setups whose results git keeps, in order."""
     return [name for name, s in self.setups.items() if s.folder is not None]
 
   def out(self, name: str) -> Path | None:
+    """The results folder of setup ``name`` (None: git keeps none)."""
     folder = self.setups[name].folder
-    return None if folder is None else self.results / folder
+    return None if folder is None or self.results is None else self.results / folder
 
 
 # ----------------------------------------------------------------------------------------------

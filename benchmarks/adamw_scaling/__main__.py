@@ -1,8 +1,6 @@
 """``python -m benchmarks.adamw_scaling``: see the package's docstring."""
 
-from pathlib import Path
-
-from benchmarks import adamw_scaling, driver
+from benchmarks import driver
 from benchmarks.adamw_scaling import grid, report, runner
 
 GRID = driver.Grid(
@@ -10,8 +8,6 @@ GRID = driver.Grid(
 )
 STUDY = driver.Study(
   "benchmarks.adamw_scaling",
-  adamw_scaling.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(GRID, grid.Setup()),
     "smoke": driver.Setup(GRID, grid.SMOKE, folder=None),

@@ -8,6 +8,7 @@ it, so that communication weighs on the small CNN as it did on ResNet-50.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,17 @@ def training_cluster(preset: Preset, name: str, model_bytes: float) -> cl.Cluste
     ps_colocated=False,
     jitter=preset.jitter,
   )
+
+
+def simulate_cell(
+  cell: Any, preset: Preset, algorithm: sim.Algorithm, cache_dir: Path, num_validation: int
+) -> dict[str, Any]:
+  """A cell of a study tuned on the validation split: its summary
+  (:func:`simulate_held_out`) and the cell itself. The cell has ``group`` ("final": evaluated
+  on the test set; any other: tuning, on the held-out validation examples), ``cluster`` and
+  ``seed``."""
+  evaluate_on = "test" if cell.group == "final" else "validation"
+  run = simulate_held_out(
+    preset, algorithm, cell.cluster, cell.seed, cache_dir, num_validation, evaluate_on
+  )
+  return {"cell": dataclasses.asdict(cell), **run}

@@ -4,9 +4,7 @@ from benchmarks import harness
 
 harness.reexec_with_caching_malloc()  # before jax: a steadier time per sample
 
-from pathlib import Path  # noqa: E402
-
-from benchmarks import batch_ramp, driver  # noqa: E402
+from benchmarks import driver  # noqa: E402
 from benchmarks.batch_ramp import grid, report, runner  # noqa: E402
 
 STORE = driver.Summaries("summary.json", key="runs", describe=runner.describe)
@@ -14,8 +12,6 @@ GRID = driver.Grid(grid.cells, runner.run, report.report, STORE)
 PILOT = driver.Grid(grid.pilot_cells, runner.pilot, report.pilot_report, driver.Files())
 STUDY = driver.Study(
   "benchmarks.batch_ramp",
-  batch_ramp.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "cnn": driver.Setup(GRID, grid.SETUPS["cnn"]),
     "attention_pilot": driver.Setup(PILOT, grid.ATTENTION, folder="attention"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from pathlib import Path
 
 # Today's test files that the baseline did not have, by the work that added them (from each
 # file's first commit). A path matches its longest prefix here.
@@ -38,17 +37,6 @@ class CiTime:
   baseline: str = "34a7beb"
   from_dirs: tuple[str, ...] = ()  # (baseline folder, current folder) of the plugin's records
   current: str = ""  # with from_dirs: the measured commit ("": HEAD)
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-  name: str = "per_test"
-
-
-def cells(setup: CiTime, out: Path) -> list[Measurement]:
-  """The one measurement (``per_test.json.xz``)."""
-  del setup, out
-  return [Measurement()]
 
 
 def _name(nodeid: str) -> str:

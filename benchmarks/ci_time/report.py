@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import driver, harness
-from benchmarks.ci_time.grid import CiTime, Measurement, match, origin
+from benchmarks.ci_time.grid import CiTime, match, origin
 from examples import analysis
 
 
@@ -105,7 +105,7 @@ def plot(summary: Mapping[str, Any], path: Path) -> None:
 def report(setup: CiTime, out: Path) -> driver.Report:
   """``summary.json``, ``tables.md`` and ``ci_time.png`` from the measured records."""
   del setup
-  data = driver.Files(".json.xz").load(out, Measurement().name)
+  data = driver.Files(".json.xz").load(out, "per_test")
   summary = summarise(data)
   plot(summary, out / "ci_time.png")
   text = tables(summary)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import driver, harness
-from benchmarks.ci_time.grid import CiTime, Measurement, Records
+from benchmarks.ci_time.grid import CiTime, Records
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -71,7 +71,7 @@ def load_records(directory: Path) -> Records:
   return records
 
 
-def run(cell: Measurement, setup: CiTime, context: driver.Context) -> dict[str, Any]:
+def run(cell: driver.Measurement, setup: CiTime, context: driver.Context) -> dict[str, Any]:
   """The per-test records of both suites (measured, or read from ``setup.from_dirs``)."""
   del cell, context
   if setup.from_dirs:

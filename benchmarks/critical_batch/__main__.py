@@ -1,15 +1,11 @@
 """``python -m benchmarks.critical_batch``: see the package's docstring."""
 
-from pathlib import Path
-
-from benchmarks import critical_batch, driver
+from benchmarks import driver
 from benchmarks.critical_batch import grid, report, runner
 
 GRID = driver.Grid(grid.cells, runner.run, report.report, driver.Files())
 STUDY = driver.Study(
   "benchmarks.critical_batch",
-  critical_batch.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(GRID, grid.DEFAULT),
     "smoke": driver.Setup(GRID, grid.SMOKE, folder=None),

@@ -1,8 +1,6 @@
 """``python -m benchmarks.large_batch_cnn``: see the package's docstring."""
 
-from pathlib import Path
-
-from benchmarks import driver, large_batch_cnn
+from benchmarks import driver
 from benchmarks.large_batch_cnn import grid, report, runner
 
 GRID = driver.Grid(
@@ -10,8 +8,6 @@ GRID = driver.Grid(
 )
 STUDY = driver.Study(
   "benchmarks.large_batch_cnn",
-  large_batch_cnn.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(GRID, grid.SETUPS["default"]),
     "quick": driver.Setup(GRID, grid.SETUPS["quick"], folder=None),

@@ -1,8 +1,6 @@
 """``python -m benchmarks.large_batch_resnet``: see the package's docstring."""
 
-from pathlib import Path
-
-from benchmarks import driver, large_batch_resnet
+from benchmarks import driver
 from benchmarks.large_batch_resnet import grid, report, runner
 
 MAIN = driver.Grid(
@@ -16,8 +14,6 @@ EQUAL = driver.Grid(
 )
 STUDY = driver.Study(
   "benchmarks.large_batch_resnet",
-  large_batch_resnet.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(MAIN, grid.Sizes("default")),
     "equal_tuning": driver.Setup(EQUAL, grid.EQUAL_TUNING["default"], folder="equal_tuning"),

@@ -1,18 +1,14 @@
 """``python -m benchmarks.multihost``: see the package's docstring."""
 
-from pathlib import Path
-
-from benchmarks import driver, multihost
+from benchmarks import driver
 from benchmarks.multihost import allreduce, grid, report, runner
 
-BENCH = driver.Grid(grid.bench_cells, runner.run, report.bench_report, driver.Files())
+BENCH = driver.Grid(driver.measurement("summary"), runner.run, report.bench_report, driver.Files())
 ALLREDUCE = driver.Grid(
-  grid.allreduce_cells, allreduce.measure, report.allreduce_report, driver.Files()
+  driver.measurement("allreduce"), allreduce.measure, report.allreduce_report, driver.Files()
 )
 STUDY = driver.Study(
   "benchmarks.multihost",
-  multihost.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "bench": driver.Setup(BENCH, grid.Bench()),
     "per_worker_batch_128": driver.Setup(

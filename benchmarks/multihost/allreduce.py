@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import driver, harness
-from benchmarks.multihost.grid import Allreduce, Measurement
+from benchmarks.multihost.grid import Allreduce
 from benchmarks.multihost.runner import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -100,7 +100,7 @@ def _worker(argv: Sequence[str]) -> None:
   print(json.dumps(_time_layouts(repeats)), flush=True)
 
 
-def measure(cell: Measurement, setup: Allreduce, context: driver.Context) -> dict[str, Any]:
+def measure(cell: driver.Measurement, setup: Allreduce, context: driver.Context) -> dict[str, Any]:
   """Both layouts alternating ``setup.rounds`` times: milliseconds per all-reduce of each
   message layout."""
   del cell, context

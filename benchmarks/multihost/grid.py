@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 LAYOUTS = {"1x8": (1, 8, 16), "2x4": (2, 4, 16), "1x4": (1, 4, 8)}  # processes, devices, S
 
@@ -29,20 +28,3 @@ class Allreduce:
 
   rounds: int = 3
   repeats: int = 100
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-  name: str
-
-
-def bench_cells(setup: Bench, out: Path) -> list[Measurement]:
-  """The one step-time measurement (``summary.json``)."""
-  del setup, out
-  return [Measurement("summary")]
-
-
-def allreduce_cells(setup: Allreduce, out: Path) -> list[Measurement]:
-  """The one all-reduce measurement (``allreduce.json``)."""
-  del setup, out
-  return [Measurement("allreduce")]

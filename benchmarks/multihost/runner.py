@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import driver, harness
-from benchmarks.multihost.grid import LAYOUTS, Bench, Measurement
+from benchmarks.multihost.grid import LAYOUTS, Bench
 from examples import metrics
 
 HERE = Path(__file__).resolve().parent
@@ -75,7 +75,7 @@ def step_time(workdir: Path, skip: int, steps: int) -> float:
   return statistics.median(wall[t] - wall[t - 1] for t in range(skip + 1, steps + 1))
 
 
-def run(cell: Measurement, setup: Bench, context: driver.Context) -> dict[str, Any]:
+def run(cell: driver.Measurement, setup: Bench, context: driver.Context) -> dict[str, Any]:
   """The layouts alternating ``setup.rounds`` times: each run's median step seconds."""
   del cell
   results: dict[str, list[float]] = {name: [] for name in LAYOUTS}

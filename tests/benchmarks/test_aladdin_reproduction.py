@@ -74,7 +74,7 @@ def test_smoke_study_writes_tables_plots_and_resumes(
   setup = STUDY.setups["smoke"].config
   runs = study.build_grid(protocol.PRESETS["smoke"], setup.parts)
   assert len(runs) == 5 + 2  # full ALADDIN on HE1 is shared by Table 2 and the ablation
-  assert study.cells(setup, out) == [study.Measurement("table3"), *runs]  # no overhead part
+  assert study.cells(setup, out) == [driver.Measurement("table3"), *runs]  # no overhead part
 
   text = driver.main(STUDY, argv)
   assert f"Ran {len(runs) + 1}, skipped 0" in capsys.readouterr().out

@@ -202,12 +202,11 @@ def test_main_runs_then_reports_and_needs_out_for_a_setup_git_keeps_no_results_o
     return driver.Report(text, {"tables.md": text + "\n"})
 
   grid = driver.Grid(_cells, lambda c, s, x: {"test_accuracy": 0.5}, report, driver.Summaries())
-  study = driver.Study(
-    "benchmarks.toy",
-    "A toy study.\n\nMore.",
-    tmp_path / "results",
-    {"default": driver.Setup(grid, _Sizes(cells=3)), "smoke": driver.Setup(grid, _Sizes(), None)},
-  )
+  setups = {
+    "default": driver.Setup(grid, _Sizes(cells=3)),
+    "smoke": driver.Setup(grid, _Sizes(), None),
+  }
+  study = driver.Study("benchmarks.toy", setups, "A toy study.\n\nMore.", tmp_path / "results")
   assert study.committed() == ["default"]
   assert driver.main(study, ["--max_cells", "2", "--set", "cells=4"]) == "2 of 4"
   assert (tmp_path / "results" / "tables.md").read_text() == "2 of 4\n"

@@ -1,16 +1,11 @@
 """``python -m benchmarks.aladdin.baselines``: see the package's docstring."""
 
-from pathlib import Path
-
 from benchmarks import driver
-from benchmarks.aladdin import baselines
 from benchmarks.aladdin.baselines import grid, report, runner
 
 GRID = driver.Grid(grid.cells, runner.run_cell, report.report, driver.Summaries())
 STUDY = driver.Study(
   "benchmarks.aladdin.baselines",
-  baselines.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(GRID, grid.SCALES["default"]),
     "smoke": driver.Setup(GRID, grid.SCALES["smoke"], folder=None),

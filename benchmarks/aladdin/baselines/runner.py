@@ -28,16 +28,7 @@ def make_algorithm(method: str, lr: float) -> sim.Algorithm:
 
 
 def run_cell(cell: Cell, scale: Scale, context: driver.Context) -> dict[str, Any]:
-  """The cell's summary (:func:`training.simulate_held_out`) and the cell itself."""
+  """The cell's summary (:func:`training.simulate_cell`)."""
   preset = dataclasses.replace(PRESETS[scale.preset], num_evals=scale.num_evals, epochs=cell.epochs)
-  evaluate_on = "test" if cell.group == "final" else "validation"  # tuning: validation accuracy
-  run = training.simulate_held_out(
-    preset,
-    make_algorithm(cell.method, cell.lr),
-    cell.cluster,
-    cell.seed,
-    context.cache_dir,
-    scale.num_validation,
-    evaluate_on,
-  )
-  return {"cell": dataclasses.asdict(cell), **run}
+  algorithm = make_algorithm(cell.method, cell.lr)
+  return training.simulate_cell(cell, preset, algorithm, context.cache_dir, scale.num_validation)

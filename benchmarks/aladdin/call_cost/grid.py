@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,14 +15,3 @@ class CallCost:
 
 
 SMOKE = CallCost(folds=(4,), calls=50, repeats=1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-  name: str = "call_cost"
-
-
-def cells(setup: CallCost, out: Path) -> list[Measurement]:
-  """The one measurement (``call_cost.json``)."""
-  del setup, out
-  return [Measurement()]

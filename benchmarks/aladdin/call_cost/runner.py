@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import driver, harness
-from benchmarks.aladdin.call_cost.grid import CallCost, Measurement
+from benchmarks.aladdin.call_cost.grid import CallCost
 from benchmarks.aladdin.ray_efficiency.runner import cpu_seconds
 
 SIZE, PERIOD, MAX_INFLIGHT = 12_106, 4, 2
@@ -117,7 +117,7 @@ def _line(row: dict[str, Any]) -> str:
   )
 
 
-def run(cell: Measurement, setup: CallCost, context: driver.Context) -> dict[str, Any]:
+def run(cell: driver.Measurement, setup: CallCost, context: driver.Context) -> dict[str, Any]:
   """The measurement on a local Ray node: every fold size, inline and in the ring."""
   del cell, context
   from optax_lena.aladdin import distributed as ad

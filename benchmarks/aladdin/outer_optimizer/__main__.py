@@ -1,16 +1,11 @@
 """``python -m benchmarks.aladdin.outer_optimizer``: see the package's docstring."""
 
-from pathlib import Path
-
 from benchmarks import driver
-from benchmarks.aladdin import outer_optimizer
 from benchmarks.aladdin.outer_optimizer import grid, report, runner
 
 GRID = driver.Grid(grid.cells, runner.run_cell, report.report, driver.Summaries())
 STUDY = driver.Study(
   "benchmarks.aladdin.outer_optimizer",
-  outer_optimizer.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(GRID, grid.SCALES["default"]),
     "smoke": driver.Setup(GRID, grid.SCALES["smoke"], folder=None),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,14 +20,3 @@ class Efficiency:
 
 
 SMOKE = Efficiency((32,), 1.0, 1, 2.0, 1, 2, compare=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-  name: str = "efficiency"
-
-
-def cells(setup: Efficiency, out: Path) -> list[Measurement]:
-  """The one measurement (``efficiency.json``)."""
-  del setup, out
-  return [Measurement()]

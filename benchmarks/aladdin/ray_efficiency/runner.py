@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from benchmarks import driver, harness
-from benchmarks.aladdin.ray_efficiency.grid import Efficiency, Measurement
+from benchmarks.aladdin.ray_efficiency.grid import Efficiency
 
 
 def cpu_seconds(pid: int) -> float:
@@ -186,7 +186,7 @@ def _line(pair: dict[str, Any]) -> str:
   )
 
 
-def run(cell: Measurement, setup: Efficiency, context: driver.Context) -> dict[str, Any]:
+def run(cell: driver.Measurement, setup: Efficiency, context: driver.Context) -> dict[str, Any]:
   """The measurement, on a local Ray node: ``single`` at each batch size, then ``cluster``."""
   del cell, context
   from optax_lena.aladdin import distributed as ad

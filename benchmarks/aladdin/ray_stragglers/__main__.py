@@ -1,10 +1,8 @@
 """``python -m benchmarks.aladdin.ray_stragglers``: see the package's docstring."""
 
 import functools
-from pathlib import Path
 
 from benchmarks import driver
-from benchmarks.aladdin import ray_stragglers
 from benchmarks.aladdin.ray_stragglers import grid, report, runner
 
 
@@ -17,8 +15,6 @@ def _setup(name: str, folder: str | None = "") -> driver.Setup:
 
 STUDY = driver.Study(
   "benchmarks.aladdin.ray_stragglers",
-  ray_stragglers.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "recipe": _setup("recipe"),
     "sgd_server": _setup("sgd_server"),

@@ -4,17 +4,12 @@ from benchmarks import harness
 
 harness.reexec_with_caching_malloc()  # before jax: steadier ratios (see the package docstring)
 
-from pathlib import Path  # noqa: E402
-
 from benchmarks import driver  # noqa: E402
-from benchmarks.aladdin import receive_cost  # noqa: E402
 from benchmarks.aladdin.receive_cost import grid, report, runner  # noqa: E402
 
-GRID = driver.Grid(grid.cells, runner.run, report.report, driver.Files())
+GRID = driver.Grid(driver.measurement("receive_cost"), runner.run, report.report, driver.Files())
 STUDY = driver.Study(
   "benchmarks.aladdin.receive_cost",
-  receive_cost.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "default": driver.Setup(GRID, grid.ReceiveCost()),
     "smoke": driver.Setup(GRID, grid.SMOKE, folder=None),

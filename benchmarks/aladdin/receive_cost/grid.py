@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,14 +14,3 @@ class ReceiveCost:
 
 
 SMOKE = ReceiveCost(repeats=3)
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-  name: str = "receive_cost"
-
-
-def cells(setup: ReceiveCost, out: Path) -> list[Measurement]:
-  """The one measurement (``receive_cost.json``)."""
-  del setup, out
-  return [Measurement()]

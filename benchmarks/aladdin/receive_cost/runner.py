@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from benchmarks import driver, harness
-from benchmarks.aladdin.receive_cost.grid import Measurement, ReceiveCost
+from benchmarks.aladdin.receive_cost.grid import ReceiveCost
 from optax_lena import aladdin as al
 
 
@@ -218,7 +218,7 @@ def lines(tree: dict[str, Any]) -> list[str]:
   return out
 
 
-def run(cell: Measurement, setup: ReceiveCost, context: driver.Context) -> dict[str, Any]:
+def run(cell: driver.Measurement, setup: ReceiveCost, context: driver.Context) -> dict[str, Any]:
   """Both trees measured (their lines printed as they finish)."""
   del cell, context
   print(f"jax {jax.__version__}, optax {optax.__version__}, device {jax.devices()[0]}")

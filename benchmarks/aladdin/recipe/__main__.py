@@ -1,9 +1,6 @@
 """``python -m benchmarks.aladdin.recipe``: see the package's docstring."""
 
-from pathlib import Path
-
 from benchmarks import driver
-from benchmarks.aladdin import recipe
 from benchmarks.aladdin.recipe import grid, report, runner
 
 CANDIDATES = driver.Grid(
@@ -14,8 +11,6 @@ VALIDATION = driver.Grid(
 )
 STUDY = driver.Study(
   "benchmarks.aladdin.recipe",
-  recipe.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "candidates": driver.Setup(CANDIDATES, grid.Candidates()),
     "validation": driver.Setup(VALIDATION, grid.SCALES["default"], folder="validation"),

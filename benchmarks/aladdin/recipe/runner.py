@@ -63,19 +63,8 @@ def run_candidate(run: Run, setup: Candidates, context: driver.Context) -> dict[
 
 
 def run_cell(cell: Cell, scale: Scale, context: driver.Context) -> dict[str, Any]:
-  """A validation-grid cell: tuning cells evaluate on the validation split, final ones on test."""
-  preset = dataclasses.replace(
-    PRESETS[scale.preset], num_evals=scale.num_evals, epochs=scale.epochs
-  )
-  evaluate_on = "test" if cell.group == "final" else "validation"
+  """A validation-grid cell's summary (:func:`training.simulate_cell`)."""
+  preset = PRESETS[scale.preset]
+  preset = dataclasses.replace(preset, num_evals=scale.num_evals, epochs=scale.epochs)
   algorithm = make_algorithm(cell.candidate, cell.lr)
-  run = training.simulate_held_out(
-    preset,
-    algorithm,
-    cell.cluster,
-    cell.seed,
-    context.cache_dir,
-    scale.num_validation,
-    evaluate_on,
-  )
-  return {"cell": dataclasses.asdict(cell), **run}
+  return training.simulate_cell(cell, preset, algorithm, context.cache_dir, scale.num_validation)

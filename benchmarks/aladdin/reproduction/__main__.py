@@ -1,16 +1,13 @@
 """``python -m benchmarks.aladdin.reproduction``: see the package's docstring."""
 
-from pathlib import Path
-
 from benchmarks import driver
-from benchmarks.aladdin import reproduction
 from benchmarks.aladdin.reproduction import grid, report, runner
 
 FIRST = driver.Grid(
   grid.cells,
   runner.run,
   report.reproduction_report,
-  {grid.Measurement: driver.Files(), grid.RunSpec: driver.Summaries()},
+  {driver.Measurement: driver.Files(), grid.RunSpec: driver.Summaries()},
 )
 VALIDATION = driver.Grid(
   grid.validation_cells, runner.run_cell, report.validation_report, driver.Summaries()
@@ -18,8 +15,6 @@ VALIDATION = driver.Grid(
 SMOKE = grid.Reproduction("smoke", ("table3", "table2", "ablation"), table3_sizes=(8, 4, 20))
 STUDY = driver.Study(
   "benchmarks.aladdin.reproduction",
-  reproduction.__doc__ or "",
-  Path(__file__).resolve().parent / "results",
   {
     "first": driver.Setup(FIRST, grid.Reproduction()),
     "validation": driver.Setup(VALIDATION, grid.SCALES["default"], folder="validation"),

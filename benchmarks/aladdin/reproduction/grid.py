@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import driver
 from benchmarks.aladdin.protocol import PRESETS, Preset, best_rate
 
 PARTS = ("table3", "table2", "ablation", "period", "choices", "lr", "overhead")
@@ -102,13 +103,6 @@ def build_grid(preset: Preset, parts: Sequence[str]) -> list[RunSpec]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Measurement:
-  """A cell that is one measurement (its result one file): ``table3`` or ``overhead``."""
-
-  name: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Reproduction:
   """The first study's setup: the training problem's preset, the parts and Table 3's horizon
   (:func:`table3.table3`'s arguments)."""
@@ -118,11 +112,11 @@ class Reproduction:
   table3_sizes: tuple[int, ...] = (8, 40, 1000)
 
 
-def cells(setup: Reproduction, out: Path) -> list[Measurement | RunSpec]:
+def cells(setup: Reproduction, out: Path) -> list[driver.Measurement | RunSpec]:
   """Table 3, the training runs of the parts, the overhead measurement."""
   del out  # the grid does not depend on results
-  first = [Measurement("table3")] if "table3" in setup.parts else []
-  last = [Measurement("overhead")] if "overhead" in setup.parts else []
+  first = [driver.Measurement("table3")] if "table3" in setup.parts else []
+  last = [driver.Measurement("overhead")] if "overhead" in setup.parts else []
   return [*first, *build_grid(PRESETS[setup.preset], setup.parts), *last]
 
 

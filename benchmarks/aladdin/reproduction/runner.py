@@ -14,7 +14,7 @@ import optax
 from benchmarks import driver
 from benchmarks.aladdin import training
 from benchmarks.aladdin.protocol import PRESETS, Preset
-from benchmarks.aladdin.reproduction.grid import Measurement, Reproduction, RunSpec, Scale
+from benchmarks.aladdin.reproduction.grid import Reproduction, RunSpec, Scale
 from benchmarks.aladdin.reproduction.table3 import table3
 from optax_lena import aladdin as al
 from optax_lena.aladdin import simulator as sim
@@ -105,7 +105,7 @@ def measure_overhead(preset: Preset, cache_dir: Path) -> dict:
   return keep
 
 
-def run(cell: Measurement | RunSpec, setup: Reproduction, context: driver.Context) -> dict:
+def run(cell: driver.Measurement | RunSpec, setup: Reproduction, context: driver.Context) -> dict:
   """A training run's summary, or a measurement's result."""
   preset = PRESETS[setup.preset]
   if isinstance(cell, RunSpec):
