@@ -404,7 +404,8 @@ def run_cells(
     return opened[id(s)]
 
   ran = skipped = 0
-  seen: set[str] = set()
+  seen: set[str] = set()  # reported as finished earlier, or run here
+  ran_here: set[str] = set()
   start = time.perf_counter()
   while limit is None or ran < limit:
     cells = [
@@ -424,6 +425,9 @@ def run_cells(
     if pending is None:
       break
     i, cell = pending
+    if cell.name in ran_here:  # its run left no finished result: running it again would loop
+      raise RuntimeError(f"{cell.name} ran but its result is not finished in {context.out}.")
+    ran_here.add(cell.name)
     seen.add(cell.name)
     t0 = time.perf_counter()
     text = store(cell).record(cell, grid.run(cell, config, context))

@@ -168,6 +168,16 @@ def test_summaries_with_a_key_refuse_a_file_of_another_setup(tmp_path: Path) -> 
     driver.run_cells(grid, _Sizes(cells=2, rates=(0.2,)), _context(tmp_path))
 
 
+def test_a_cell_whose_run_finishes_nothing_stops_the_study(tmp_path: Path) -> None:
+  def run(cell: _Cell, sizes: _Sizes, context: driver.Context) -> None:
+    _write_run(context.out / "runs" / cell.name, total=2, last=1)  # stopped before its end
+
+  store = driver.RunDirectories()
+  grid = driver.Grid(_cells, run, lambda s, o: driver.Report("", {}), store)
+  with pytest.raises(RuntimeError, match="run0 ran but its result is not finished"):
+    driver.run_cells(grid, _Sizes(), _context(tmp_path))
+
+
 def test_files_store_one_file_per_cell_compressed_or_not(tmp_path: Path) -> None:
   for suffix in (".json", ".json.xz"):
     store = driver.Files(suffix)
