@@ -97,6 +97,8 @@ class Store(Protocol):
 
 
 class OpenStore(Protocol):
+  """A store opened for one run of a setup's cells."""
+
   def finished(self, cell: Cell) -> bool: ...
 
   def record(self, cell: Cell, result: Any) -> str:

@@ -19,7 +19,7 @@ class Bench:
 
   def __post_init__(self) -> None:
     if not 0 < self.skip < self.steps:
-      raise ValueError(f"skip must be between 0 and steps, got skip={self.skip}, {self.steps}.")
+      raise ValueError(f"skip must be in (0, steps), got skip={self.skip}, steps={self.steps}.")
 
 
 @dataclasses.dataclass(frozen=True)
