@@ -123,7 +123,10 @@ def test_tiny_study_trains_every_arm_resumes_and_reports(
   out = tmp_path / "out"
   argv = ["--setup", "smoke", "--out", str(out), "--cache_dir", str(tmp_path / "cache")]
   arms = len(study.ARMS)
-  driver.main(STUDY, [*argv, "--max_cells", str(arms)])  # seed 0 of every arm
+  context = driver.Context(out, tmp_path / "cache", "smoke")
+  driver.run_cells(
+    STUDY.setups["smoke"].grid, study.SMOKE, context, limit=arms
+  )  # seed 0, every arm
   runs = json.loads((out / "summary.json").read_text())["runs"]
   setup = study.SMOKE
   assert sorted(runs) == sorted(f"{a}_seed0" for a in study.ARMS)

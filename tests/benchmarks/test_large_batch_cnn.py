@@ -50,7 +50,8 @@ def test_smoke_study_writes_tables_plots_and_resumes(
 
   # Resume: remove one run's metrics; only that one is trained again.
   (out / "runs" / runs[-1].name / "metrics.jsonl").unlink()
-  driver.main(STUDY, argv)
+  smoke = STUDY.setups["smoke"]
+  driver.run_cells(smoke.grid, smoke.config, driver.Context(out, tmp_path / "cache", "smoke"))
   second = capsys.readouterr().out
   assert f"Ran 1, skipped {len(runs) - 1}" in second
   assert second.count("finished earlier, skipped") == len(runs) - 1
