@@ -2,7 +2,8 @@
 
 from benchmarks import harness
 
-harness.reexec_with_caching_malloc()  # before jax: steadier ratios (see the package docstring)
+if __name__ == "__main__":  # a program, not an import (the tests import STUDY)
+  harness.reexec_with_caching_malloc()  # before jax: steadier ratios (see the package docstring)
 
 from benchmarks import driver  # noqa: E402
 from benchmarks.aladdin.receive_cost import grid, report, runner  # noqa: E402
