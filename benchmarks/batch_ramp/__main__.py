@@ -5,8 +5,8 @@ from benchmarks import harness
 if __name__ == "__main__":  # a program, not an import (the tests import STUDY)
   harness.reexec_with_caching_malloc()  # before jax: a steadier time per sample
 
-from benchmarks import driver  # noqa: E402
-from benchmarks.batch_ramp import grid, report, runner  # noqa: E402
+from benchmarks import driver
+from benchmarks.batch_ramp import grid, report, runner
 
 STORE = driver.Summaries("summary.json", key="runs", describe=runner.describe)
 GRID = driver.Grid(grid.cells, runner.run, report.report, STORE)
