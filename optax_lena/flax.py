@@ -13,6 +13,9 @@ This is the only module of ``optax_lena`` that imports flax (``pip install
   for ``nnx.Optimizer(model, ol.lena(...), wrt=nnx.Param).update(model, grads,
   grad_stats=stats)``. The model's batch statistics are updated with their mean over workers.
 * :func:`linen_grad_stats`: the same for a linen model's ``params`` and ``batch_stats``.
+* :func:`layer_axes`: the ``layer_axes`` of a model whose repeated blocks are stacked (linen
+  ``nn.scan`` / NNX ``nnx.vmap`` + ``nnx.scan``), read from Flax's partition metadata, so that
+  every block is a layer of its own for LENA (docs/guides/scanned_layers.md).
 
 Both helpers ``jax.vmap`` over the worker axis: under ``jit`` with that axis sharded across
 devices (``NamedSharding(mesh, P("batch"))``, parameters replicated), XLA runs the workers in
@@ -33,6 +36,7 @@ import optax
 
 try:
   from flax import nnx
+  from flax.core import meta as linen_meta
   from flax.training import train_state
 except ImportError as err:  # name the extra instead of a bare "No module named 'flax'"
   raise ImportError(
@@ -40,11 +44,14 @@ except ImportError as err:  # name the extra instead of a bare "No module named 
     "it with pip install 'optax_lena[flax]'."
   ) from err
 
+from optax_lena._src import layer_axes as layer_axes_lib
 from optax_lena._src import stats as stats_lib
 from optax_lena._src import tree_utils
 
 PyTree = Any
-__all__ = ["TrainState", "linen_grad_stats", "nnx_grad_stats"]
+__all__ = ["TrainState", "layer_axes", "linen_grad_stats", "nnx_grad_stats"]
+# Where an NNX Variable keeps its partition names (flax 0.12: out_sharding; earlier releases).
+_NNX_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
 
 
 class TrainState(train_state.TrainState):
@@ -108,6 +115,78 @@ def _sub_stats(grad_stats: stats_lib.GradStats, key: str) -> stats_lib.GradStats
   )
 
 
+def layer_axes(tree: PyTree, name: str = "layers") -> PyTree:
+  """The ``layer_axes`` of a Flax model whose repeated blocks are stacked, from its metadata.
+
+  ``nn.scan(..., variable_axes={"params": 0}, metadata_params={nn.PARTITION_NAME: name})``
+  (linen) and ``nnx.vmap(..., transform_metadata={nnx.PARTITION_NAME: name})`` (NNX) insert
+  ``name`` into the partition names of every parameter they stack, at the layer axis; Flax
+  records it only on parameters that carry partition annotations (``nn.with_partitioning``,
+  ``nn.with_logical_partitioning``, ``nnx.with_partitioning``). This reads it back.
+
+  Example::
+
+    variables = model.init(key, x)  # boxed: before nn.unbox / flax.linen.meta.unbox
+    axes = optax_lena.flax.layer_axes(variables["params"])
+    tx = ol.lena(0.1, layer_axes=axes)
+    grads, stats = ol.stacked_grad_stats(stacked_grads, layer_axes=axes)
+
+  Args:
+    tree: linen variables or params as ``model.init`` returns them (with their
+      ``nn.Partitioned`` boxes), or an NNX state (``nnx.state(model, nnx.Param)``).
+    name: the partition name the scan or vmap recorded (``"layers"``, MaxText's name).
+
+  Returns:
+    A pytree shaped like ``tree`` (boxes and ``Variable`` wrappers replaced) holding each
+    parameter's layer axis, or ``None`` for the parameters without one: the ``layer_axes=``
+    of the optimizer and of the statistics.
+
+  Raises:
+    ValueError: when no parameter carries ``name`` (unannotated parameters, already unboxed
+      linen params, or another name).
+  """
+
+  def is_boxed(x: Any) -> bool:
+    return isinstance(x, (linen_meta.AxisMetadata, nnx.Variable))
+
+  found: list[str] = []
+
+  def axis_of(path: Any, x: Any) -> int | None:
+    names = _partition_names(x)
+    for axis, entry in enumerate(names):
+      if entry == name or (isinstance(entry, tuple) and name in entry):
+        found.append(jax.tree_util.keystr(path))
+        return axis
+    return None
+
+  axes = jax.tree_util.tree_map_with_path(axis_of, tree, is_leaf=is_boxed)
+  if not found:
+    raise ValueError(
+      f"optax_lena.flax.layer_axes found no parameter whose partition names include {name!r}. "
+      "Flax records the layer axis only on annotated parameters: create them with "
+      "nn.with_partitioning / nn.with_logical_partitioning (linen, and stack them with "
+      f"nn.scan(..., metadata_params={{nn.PARTITION_NAME: {name!r}}}); pass the variables "
+      "model.init returns, before nn.unbox) or nnx.with_partitioning (NNX, stacked with "
+      f"nnx.vmap(..., transform_metadata={{nnx.PARTITION_NAME: {name!r}}})). Or pass "
+      "layer_axes as a callable (path, leaf) -> int | None, e.g. lambda path, leaf: 0 if "
+      "'blocks' in path else None."
+    )
+  return axes
+
+
+def _partition_names(x: Any) -> tuple[Any, ...]:
+  """The partition names of a boxed linen parameter or an NNX ``Variable`` (``()``: none)."""
+  if isinstance(x, linen_meta.Partitioned):
+    return tuple(x.names)
+  if isinstance(x, nnx.Variable):
+    metadata = x.get_metadata()
+    for key in _NNX_SHARDING_KEYS:
+      names = metadata.get(key)
+      if names:
+        return tuple(names)
+  return ()
+
+
 def _num_workers(worker_batches: PyTree, who: str) -> int:
   leaves = jax.tree.leaves(worker_batches)
   sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
@@ -168,6 +247,7 @@ def nnx_grad_stats(
   *args: Any,
   wrt: Any = nnx.Param,
   has_aux: bool = False,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[Any, PyTree, stats_lib.GradStats]:
   """Per-worker gradients of an NNX model, their mean and statistics, in one ``vmap``.
 
@@ -203,6 +283,9 @@ def nnx_grad_stats(
     *args: passed unchanged to every worker's ``loss_fn``.
     wrt: the ``nnx`` filter of the variables to differentiate (as for ``nnx.Optimizer``).
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``; aux is averaged over workers.
+    layer_axes: where the parameters stack their layers (e.g. :func:`layer_axes` of
+      ``nnx.state(model, nnx.Param)``): per-slice statistics, for an optimizer built with the
+      same ``layer_axes``.
 
   Returns:
     ``(loss, grads, stats)``: the loss averaged over workers (``(loss, aux)`` with
@@ -230,7 +313,7 @@ def nnx_grad_stats(
   losses, auxes, stacked, new_rests = jax.vmap(worker, in_axes=(None, 0, None, 0))(
     params, worker_keys, rest, worker_batches
   )
-  grads, grad_stats = stats_lib.stacked_grad_stats(stacked)
+  grads, grad_stats = stats_lib.stacked_grad_stats(stacked, layer_axes=layer_axes)
   nnx.update(model, jax.tree.map(_mean_over_workers, new_rests))
   loss = jnp.mean(losses)
   if has_aux:
@@ -246,6 +329,7 @@ def linen_grad_stats(
   rng: jax.Array | None = None,
   *,
   has_aux: bool = False,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[Any, PyTree, stats_lib.GradStats, PyTree]:
   """Per-worker gradients of a linen model, their mean and statistics, and mean batch stats.
 
@@ -278,6 +362,8 @@ def linen_grad_stats(
     worker_batches: a pytree whose leaves have a leading worker axis of size S.
     rng: a PRNG key split per worker with ``fold_in``, or ``None``.
     has_aux: whether ``loss_fn`` also returns aux (averaged over workers).
+    layer_axes: where the parameters stack their layers (e.g. :func:`layer_axes` of the boxed
+      params): per-slice statistics, for an optimizer built with the same ``layer_axes``.
 
   Returns:
     ``(loss, grads, stats, new_batch_stats)``: the loss averaged over workers (``(loss, aux)``
@@ -303,7 +389,7 @@ def linen_grad_stats(
   (losses, (new_stats, auxes)), stacked = jax.vmap(
     grad_fn, in_axes=(None, 0, None if keys is None else 0)
   )(params, worker_batches, keys)
-  grads, grad_stats = stats_lib.stacked_grad_stats(stacked)
+  grads, grad_stats = stats_lib.stacked_grad_stats(stacked, layer_axes=layer_axes)
   new_batch_stats = jax.tree.map(_mean_over_workers, new_stats)
   loss: Any = jnp.mean(losses)
   if has_aux:

@@ -31,6 +31,7 @@ import optax
 
 from optax_lena._src import alias, checks, gain_ratio
 from optax_lena._src import grouping as grouping_lib
+from optax_lena._src import layer_axes as layer_axes_lib
 
 
 @alias.shared_args
@@ -47,6 +48,7 @@ def large_batch_adamw(
   warmup_steps: float = 0,
   clock: str = "updates",
   warmup_progress: str = "ratio",
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW whose per-layer rate is scaled by ``rule`` (give it ``power=0.5``) and warmed up.
 
@@ -61,6 +63,7 @@ def large_batch_adamw(
     clock: ``"updates"`` or ``"samples"`` for the schedule.
     warmup_progress: the state-aware warm-up's progress rule (``progress=`` of
       :func:`optax_lena.layerwise_warmup`).
+    {layer_axes_of_rule}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -70,6 +73,7 @@ def large_batch_adamw(
     Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
     NeurIPS 2022.
   """
+  rule = alias.with_layer_axes(rule, layer_axes)
   checks.check_adam_betas(b1, b2)
   checks.check_weight_decay(weight_decay)
   inner: list[optax.GradientTransformation] = [optax.scale_by_adam(b1=b1, b2=b2, eps=adam_eps)]
@@ -106,6 +110,7 @@ def lena_adamw(
   warmup_progress: str = "ratio",
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA around AdamW: each layer's AdamW rate is multiplied by ``r_k ** power``.
 
@@ -128,6 +133,7 @@ def lena_adamw(
     grouping: which leaves share a ratio (see :func:`optax_lena.lena`).
     warmup_steps: a fixed warm-up of W base steps instead.
     {adamw_clock}
+    {layer_axes}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -158,6 +164,7 @@ def adascale_adamw(
   warmup_progress: str = "ratio",
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale around AdamW: AdamW's rate is multiplied by ``R ** power`` (one global ratio).
 
@@ -173,6 +180,7 @@ def adascale_adamw(
     beta: moving-average weight; None means ``min(S / 1000, 1)``.
     warmup_steps: a fixed warm-up of W base steps instead.
     {adamw_clock}
+    {layer_axes}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -200,6 +208,7 @@ def linear_scaling_adamw(
   warmup_progress: str = "ratio",
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW at ``S ** power`` times its rate: the square-root LSW baseline (``power=0.5``).
 
@@ -213,6 +222,7 @@ def linear_scaling_adamw(
     warmup_steps: W of the fixed linear warm-up in base steps.
     warmup_threshold: a state-aware warm-up instead (progress advances by S each update).
     {adamw_clock}
+    {layer_axes}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.

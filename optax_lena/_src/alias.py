@@ -21,6 +21,7 @@ import optax
 
 from optax_lena._src import checks, gain_ratio, nonfinite, schedule, warmup
 from optax_lena._src import grouping as grouping_lib
+from optax_lena._src import layer_axes as layer_axes_lib
 
 PyTree = Any
 # None (every leaf), a pytree of bools shaped like the parameters, or params -> such a pytree.
@@ -39,6 +40,7 @@ def large_batch_sgd(
   warmup_steps: float = 0,
   clock: str = "updates",
   warmup_progress: str = "ratio",
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Momentum SGD whose per-layer rate is scaled by ``rule`` and warmed up.
 
@@ -56,10 +58,13 @@ def large_batch_sgd(
     clock: ``"updates"`` or ``"samples"`` for the schedule.
     warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of
       :func:`layerwise_warmup`; ``"ratio"`` is the paper's rule).
+    layer_axes: where each parameter stacks its layers (see :func:`optax_lena.lena`), for a
+      rule built without them (not both).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
   """
+  rule = with_layer_axes(rule, layer_axes)
   checks.check_momentum(momentum)
   checks.check_weight_decay(weight_decay)
   inner: list[optax.GradientTransformation] = []
@@ -108,7 +113,21 @@ def gain_ratio_chain(
   elif not is_zero(warmup_steps):
     blocks.append(warmup.fixed_warmup(warmup_steps, num_samples=rule.num_samples, **batches))
   blocks.append(schedule.scale_by_learning_rate(learning_rate, clock=clock, **batches))
-  return nonfinite.skip_nonfinite_steps(optax.chain(*blocks))
+  return nonfinite.skip_nonfinite_steps(optax.chain(*blocks), layer_axes=rule.layer_axes)
+
+
+def with_layer_axes(
+  rule: gain_ratio.GainRatioRule, layer_axes: layer_axes_lib.LayerAxes
+) -> gain_ratio.GainRatioRule:
+  """``rule`` with ``layer_axes`` (given to an optimizer that takes a rule), refusing two."""
+  if layer_axes is None:
+    return rule
+  if rule.layer_axes is not None:
+    raise ValueError(
+      "layer_axes was given both to the optimizer and inside its GainRatioRule: pass it once, "
+      "either as layer_axes= or in the rule (e.g. ol.lena_rule(layer_axes=...))."
+    )
+  return dataclasses.replace(rule, layer_axes=layer_axes)
 
 
 def decayed_weights(
@@ -215,6 +234,17 @@ SHARED_ARGS: dict[str, tuple[str, ...]] = {
     "factor, the sample clock and the warm-ups' base steps; ``warmup_threshold`` and "
     "``warmup_steps`` then count iterations at batch b0). ``S b`` must be a multiple of b0.",
   ),
+  "layer_axes": (
+    "layer_axes: where each parameter stacks its layers (``lax.scan`` / ``nn.scan`` models): "
+    "None (one layer per leaf), a pytree of ``int | None`` shaped like the parameters (or a "
+    "prefix of it) or a callable ``(path, leaf) -> int | None``. Each slice along a layer axis "
+    "is a layer of its own (ratio, warm-up, diagnostics), as in the unrolled model; give the "
+    "statistics the same ``layer_axes``.",
+  ),
+  "layer_axes_of_rule": (
+    "layer_axes: where each parameter stacks its layers (see :func:`optax_lena.lena`), for a "
+    "rule built without them (not both).",
+  ),
   "global_warmup_progress": (
     "warmup_progress: how the state-aware warm-up's progress advances (``progress=`` of "
     ":func:`optax_lena.layerwise_warmup`); under this global rule both variants equal the fixed "
@@ -270,6 +300,7 @@ def lena(
   power: float = 1.0,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA: layer-wise gain ratios with the layer-wise state-aware warm-up (docs/LENA.md 1-6).
 
@@ -302,6 +333,7 @@ def lena(
       grow with S / r (see :func:`optax_lena.layerwise_warmup`).
     {power}
     {reference_batch}
+    {layer_axes}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,
@@ -332,6 +364,7 @@ def adascale(
   power: float = 1.0,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale SGD: one gain ratio for the whole model (the paper's AS baseline).
 
@@ -351,6 +384,7 @@ def adascale(
     {global_warmup_progress}
     {power}
     {reference_batch}
+    {layer_axes}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -378,6 +412,7 @@ def linear_scaling(
   power: float = 1.0,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Linear scaling with warm-up (LSW): every layer's rate is S * eta0 (``S ** p * eta0``).
 
@@ -394,6 +429,7 @@ def linear_scaling(
     {global_warmup_progress}
     {power}
     {reference_batch}
+    {layer_axes}
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.

@@ -6,7 +6,7 @@ so value checks run only on concrete values; structural checks always run at tra
 
 from __future__ import annotations
 
-import inspect
+import numbers
 from typing import Any
 
 import jax
@@ -47,6 +47,13 @@ def check_learning_rate(learning_rate: Any) -> None:
   in ``state.hyperparams``, so 0 is a valid value there.
   """
   _require(learning_rate, "learning_rate", "a positive float or an Optax schedule")
+  is_number = isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool)
+  if not (is_number or is_array(learning_rate) or callable(learning_rate)):
+    raise TypeError(
+      f"learning_rate must be a number (eta0) or an Optax schedule (a callable count -> rate), "
+      f"got {type(learning_rate).__name__} {learning_rate!r}: e.g. ol.lena(0.1) or "
+      "ol.lena(optax.cosine_decay_schedule(0.1, decay_steps))."
+    )
   value = concrete_value(learning_rate)
   if value is None:
     return
@@ -200,56 +207,3 @@ def check_updates_like(updates: Any, reference: Any, what: str) -> None:
     raise ValueError(
       f"The gradient leaf {name} has shape {u_shape} but the {what} has shape {r_shape}. {fix}"
     )
-
-
-def check_grad_stats(grad_stats: Any, expected_num_samples: int | None) -> None:
-  """The statistics an update needs are present, of the right type and the expected S."""
-  from optax_lena._src.stats import GradStats
-
-  if grad_stats is None:
-    raise ValueError(
-      _called_from_flax_train_state()
-      + "This optax_lena transformation needs the per-worker gradient statistics: call "
-      "tx.update(grads, state, params, grad_stats=stats) with (grads, stats) from "
-      "ol.stacked_grad_stats(stacked_grads), ol.all_reduce_grad_stats(local_grads, axis_name) "
-      "inside pmap/shard_map, or ol.accumulate_grad_stats(loss_fn, params, micro_batches). "
-      "With Flax use optax_lena.flax.TrainState, whose apply_gradients(grads=grads, "
-      "grad_stats=stats) passes them on (flax.training.train_state.TrainState does not), or "
-      "nnx.Optimizer(...).update(model, grads, grad_stats=stats)."
-    )
-  if not isinstance(grad_stats, GradStats):
-    raise TypeError(
-      f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
-      "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
-    )
-  if expected_num_samples is not None and grad_stats.num_samples != expected_num_samples:
-    raise ValueError(
-      f"The statistics cover S={grad_stats.num_samples} per-worker gradients but this "
-      f"transformation was built with num_samples={expected_num_samples}. Check the number of "
-      "devices x micro-batches, or build the optimizer with the right num_samples (or None)."
-    )
-
-
-def _called_from_flax_train_state() -> str:
-  """A first sentence for the missing-statistics error when Flax's own TrainState called us.
-
-  ``flax.training.train_state.TrainState.apply_gradients(grads=g, grad_stats=s)`` hands
-  ``grad_stats`` to ``.replace()`` (it becomes an unknown field) and calls ``tx.update``
-  without it, so the user did pass statistics: say where they went.
-  """
-  frame = inspect.currentframe()
-  try:
-    while frame is not None:
-      code = frame.f_code
-      if code.co_name == "apply_gradients" and frame.f_globals.get("__name__", "").startswith(
-        "flax."
-      ):
-        return (
-          "flax.training.train_state.TrainState.apply_gradients does not pass grad_stats to "
-          "the optimizer: use optax_lena.flax.TrainState (a drop-in replacement, same fields "
-          "and create()) and call state.apply_gradients(grads=grads, grad_stats=stats). "
-        )
-      frame = frame.f_back
-    return ""
-  finally:
-    del frame

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src import gain_ratio, nonfinite, tree_utils, warmup
+from optax_lena._src import layer_axes as layer_axes_lib
 
 PyTree = Any
 _STATES = (
@@ -92,6 +93,7 @@ def diagnostics(
   params: PyTree | None = None,
   *,
   candidate_scales: Sequence[float] | jax.Array | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> dict[str, Any]:
   """Per-layer gain ratios, warm-up state, rate multipliers and noise scales (jittable).
 
@@ -102,38 +104,40 @@ def diagnostics(
       are returned as trees shaped like it instead of vectors in ``jax.tree.leaves`` order.
     candidate_scales: optional numbers of per-worker gradients S' to consider for the next
       updates; adds ``expected_speedup`` (one entry per candidate).
+    layer_axes: the optimizer's ``layer_axes``, with ``params``: a leaf with L stacked layers
+      then gets a length-L vector in the trees (one entry per slice).
 
   Returns:
-    A dict with, per layer (leaf): ``gain_ratio`` (r_k of the last update), ``warmup_progress``
-    (P_k, 0 without a state-aware warm-up), ``warmup_factor``, ``lr_multiplier``
-    (``r_k ** p * warmup_factor_k``, p the rule's power: the layer's rate is this times
-    ``eta0 * schedule``),
-    ``warmup_end_step`` (int32, the 1-based update at which the layer's warm-up ended; the
-    sentinel ``-1`` means "not ended yet", and is also reported without a state-aware warm-up,
-    where no layer has a warm-up of its own to end) and ``noise_scale`` (B_simple in per-worker
-    batches, ``inf`` when noise dominates the estimate and NaN for S < 2, see
-    :func:`noise_scale`); and the scalars ``global_ratio`` (AdaScale's R),
-    ``global_noise_scale``, ``critical_batch_size`` (McCandlish et al.'s critical batch
-    estimated by the global noise scale, in per-worker batches: multiply by the per-worker batch
-    size for examples; see :func:`expected_speedup`), ``num_samples`` (S of the last
-    update), ``num_updates`` and ``num_skipped_steps``; with ``candidate_scales``,
-    ``expected_speedup``: for each candidate S', the factor by which the updates needed for the
-    same progress shrink at S' per-worker gradients instead of the current S (above 1: fewer
-    updates; see :func:`expected_speedup`). All from the statistics already in the state.
-    Per-layer entries are vectors in ``jax.tree.leaves`` order, or trees
-    shaped like ``params`` when it is given (Flax NNX ``Variable`` wrappers such as ``Param``
-    are removed, so the trees hold plain arrays). For logging use :func:`flat_diagnostics`,
-    whose values are finite Python floats keyed by parameter path.
+    A dict with, per layer (a leaf, or a slice of a leaf with a layer axis): ``gain_ratio`` (r_k of
+    the last update), ``warmup_progress`` (P_k, 0 without a state-aware warm-up), ``warmup_factor``,
+    ``lr_multiplier`` (``r_k ** p * warmup_factor_k``, p the rule's power: the layer's rate is this
+    times ``eta0 * schedule``), ``warmup_end_step`` (int32, the 1-based update at which the layer's
+    warm-up ended; the sentinel ``-1`` means "not ended yet", and is also reported without a
+    state-aware warm-up, where no layer has a warm-up of its own to end) and ``noise_scale``
+    (B_simple in per-worker batches, ``inf`` when noise dominates the estimate and NaN for S < 2,
+    see :func:`noise_scale`); and the scalars ``global_ratio`` (AdaScale's R),
+    ``global_noise_scale``, ``critical_batch_size`` (McCandlish et al.'s critical batch estimated by
+    the global noise scale, in per-worker batches: multiply by the per-worker batch size for
+    examples; see :func:`expected_speedup`; both count every layer, every slice of a stacked leaf
+    included), ``num_samples`` (S of the last update), ``num_updates`` and ``num_skipped_steps``;
+    with ``candidate_scales``, ``expected_speedup``: for each candidate S', the factor by which the
+    updates needed for the same progress shrink at S' per-worker gradients instead of the current S
+    (above 1: fewer updates; see :func:`expected_speedup`). All from the statistics already in the
+    state. Per-layer entries are vectors in ``jax.tree.leaves`` order (a stacked leaf's L layers
+    consecutive), or trees shaped like ``params`` when it is given (Flax NNX ``Variable`` wrappers
+    such as ``Param`` are removed, so the trees hold plain arrays). For logging use
+    :func:`flat_diagnostics`, whose values are finite Python floats keyed by parameter path.
   """
   # nnx.Optimizer keeps its state as OptArray / OptVariable wrappers: read the plain arrays.
   found = _find_states(unwrap_variables(opt_state))
-  return _diagnostics_of(found, params, candidate_scales)
+  return _diagnostics_of(found, params, candidate_scales, layer_axes)
 
 
 def _diagnostics_of(
   found: dict[type, list[Any]],
   params: PyTree | None,
   candidate_scales: Sequence[float] | jax.Array | None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> dict[str, Any]:
   """:func:`diagnostics` of the states :func:`_find_states` found."""
   ratio_states = found[gain_ratio.GainRatioState]
@@ -178,7 +182,7 @@ def _diagnostics_of(
     out["expected_speedup"] = expected_speedup(global_noise, rs.num_samples, candidate_scales)
   if params is not None:
     for key in PER_LAYER:
-      out[key] = per_layer_tree(out[key], params)
+      out[key] = per_layer_tree(out[key], params, layer_axes=layer_axes)
   return out
 
 
@@ -189,20 +193,33 @@ def _host_diagnostics(
   return _diagnostics_of(dict(zip(_STATES, states, strict=True)), None, candidate_scales)
 
 
-def per_layer_tree(vector: jax.Array, params: PyTree) -> PyTree:
+def per_layer_tree(
+  vector: jax.Array, params: PyTree, *, layer_axes: layer_axes_lib.LayerAxes = None
+) -> PyTree:
   """A per-layer vector as a tree shaped like ``params`` (masked entries kept masked).
 
-  Flax NNX ``Variable`` wrappers (e.g. the ``Param`` leaves of ``nnx.state(model, nnx.Param)``)
-  are replaced by the plain per-layer value, so the result is a named tree of arrays.
+  A leaf without a layer axis gets its entry (a scalar), a leaf with L stacked layers
+  (``layer_axes``, the optimizer's) its L entries as a vector. Flax NNX ``Variable`` wrappers
+  (e.g. the ``Param`` leaves of ``nnx.state(model, nnx.Param)``) are replaced by the plain
+  per-layer value, so the result is a named tree of arrays.
   """
   params = unwrap_variables(params)
-  n = len(tree_utils.active_leaves_with_path(params))
-  if vector.shape[0] != n:
+  layout = _layout(vector.shape[0], params, layer_axes)
+  values = layout.unpack(vector)
+  return tree_utils.map_active_indexed(lambda k, _: values[k], params)
+
+
+def _layout(num_layers: int, params: PyTree, layer_axes: Any) -> layer_axes_lib.Layout:
+  """The layout of ``params``, checked against the number of layers of the state."""
+  layout = layer_axes_lib.resolve(layer_axes, params)
+  if layout.total != num_layers:
+    stacked = "" if layer_axes is not None else " (with stacked layers, pass layer_axes=)"
     raise ValueError(
-      f"The optimizer state has {vector.shape[0]} layers but params has {n} leaves: pass the "
-      "parameter tree the optimizer was initialised with."
+      f"The optimizer state has {num_layers} layers but params has {layout.total} (leaves: "
+      f"{len(layout.axes)}): pass the parameter tree the optimizer was initialised with and "
+      f"the optimizer's layer_axes{stacked}."
     )
-  return tree_utils.map_active_indexed(lambda k, _: vector[k], params)
+  return layout
 
 
 def unwrap_variables(tree: PyTree) -> PyTree:
@@ -238,6 +255,7 @@ def flat_diagnostics(
   prefix: str = "",
   *,
   candidate_scales: Sequence[float] | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> dict[str, float]:
   """:func:`diagnostics` as a flat ``{name: float}`` dict for metric writers (not jittable).
 
@@ -252,8 +270,10 @@ def flat_diagnostics(
   :func:`diagnostics` (``gain_ratio``, ``warmup_progress``, ``warmup_factor``,
   ``lr_multiplier``, ``warmup_end_step``, ``noise_scale``), where ``layer`` is the parameter's
   path joined by ``/`` (e.g. ``gain_ratio/Dense_0/kernel``) when ``params`` is given, else the
-  leaf's index in ``jax.tree.leaves`` order (``gain_ratio/3``). Metric-first keys put each
-  metric's layers on one TensorBoard / W&B panel.
+  leaf's index in ``jax.tree.leaves`` order (``gain_ratio/3``). A leaf with L stacked layers
+  (``layer_axes``) has one key per slice, its path followed by the slice index
+  (``gain_ratio/blocks/kernel/3``); without ``params`` the index counts layers. Metric-first
+  keys put each metric's layers on one TensorBoard / W&B panel.
 
   Values that have no finite meaning are left out rather than encoded:
 
@@ -271,6 +291,8 @@ def flat_diagnostics(
     prefix: prepended to every key, e.g. ``"lena/"``.
     candidate_scales: optional candidate numbers of per-worker gradients S'; adds
       ``expected_speedup/<S'>`` (e.g. ``expected_speedup/64``), left out where not finite.
+    layer_axes: the optimizer's ``layer_axes`` (with ``params``), to name each slice of a
+      stacked leaf.
 
   Returns:
     A ``dict[str, float]`` of finite values.
@@ -292,13 +314,14 @@ def flat_diagnostics(
   if params is None:
     names = [str(k) for k in range(n)]
   else:
-    leaves = tree_utils.active_leaves_with_path(unwrap_variables(params))
-    if len(leaves) != n:
-      raise ValueError(
-        f"The optimizer state has {n} layers but params has {len(leaves)} leaves: pass the "
-        "parameter tree the optimizer was initialised with."
-      )
-    names = [_path_name(path) for path, _ in leaves]
+    plain = unwrap_variables(params)
+    layout = _layout(n, plain, layer_axes)
+    names = []
+    for (path, _), axis, size in zip(
+      tree_utils.active_leaves_with_path(plain), layout.axes, layout.sizes, strict=True
+    ):
+      name = _path_name(path)
+      names.extend([name] if axis is None else [f"{name}/{i}" for i in range(size)])
   out: dict[str, float] = {}
 
   def put(key: str, value: Any) -> None:

@@ -9,8 +9,10 @@ All three rules multiply a layer's update by a gain ratio r in [1, S]:
 
 AdaScale is LENA with a single group, and linear scaling is the ratio's upper clip, so one
 function, :func:`advance_gain_ratio`, implements them all. Per-layer quantities live in float32
-vectors with one entry per (unmasked) leaf, in ``jax.tree.leaves`` order: the scalar work is a
-handful of vector operations whatever the number of leaves, which keeps compile time flat.
+vectors with one entry per layer: per (unmasked) leaf in ``jax.tree.leaves`` order, and L
+consecutive entries for a leaf that stacks L layers along a layer axis (``layer_axes=``, see
+:mod:`optax_lena._src.layer_axes`). The scalar work is a handful of vector operations whatever
+the number of layers, which keeps compile time flat.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import optax
 
 from optax_lena._src import batch_scale, checks, stats, tree_utils
 from optax_lena._src import grouping as grouping_lib
+from optax_lena._src import layer_axes as layer_axes_lib
 
 PyTree = Any
 
@@ -33,10 +36,10 @@ class GainRatioState(NamedTuple):
 
   Attributes:
     count: number of updates applied (int32).
-    sq_norm_mean_avg: ``A_k``, per leaf, moving average of ``(1/S) sum_i ||g_ik||^2`` (Eq. 8).
-    mean_grad_sq_norm_avg: ``D_k``, per leaf, moving average of ``||gbar_k||^2`` (Eq. 8).
-    ratio: the clipped gain ratio ``r_k`` used by the last update, per leaf (a group's ratio is
-      repeated on each of its leaves).
+    sq_norm_mean_avg: ``A_k``, per layer, moving average of ``(1/S) sum_i ||g_ik||^2`` (Eq. 8).
+    mean_grad_sq_norm_avg: ``D_k``, per layer, moving average of ``||gbar_k||^2`` (Eq. 8).
+    ratio: the clipped gain ratio ``r_k`` used by the last update, per layer (a group's ratio is
+      repeated on each of its layers).
     global_ratio: the AdaScale ratio ``R`` of the whole model at the last update, clipped.
     num_samples: S of the last update (int32; 0 before the first).
     power: the rule's power p (float32): the update is multiplied by ``ratio ** p``.
@@ -70,6 +73,11 @@ class GainRatioRule:
     reference_batch_size: b0, the batch at which the learning rate was tuned; the scale (the
       ratio's cap, linear scaling's factor) becomes ``k = S b / b0`` instead of S, and the
       ratio estimates the gain over one reference batch (see ``batch_scale``).
+    layer_axes: where each parameter stacks its layers (``None``: one layer per leaf; a pytree
+      of ``int | None`` shaped like the parameters or a prefix of it; a callable ``(path, leaf)
+      -> int | None``): each slice along a leaf's layer axis is a layer of its own, exactly as
+      in the unrolled model (see :mod:`optax_lena._src.layer_axes`). The statistics must be
+      made with the same ``layer_axes``.
   """
 
   adaptive: bool = True
@@ -80,9 +88,11 @@ class GainRatioRule:
   power: float = 1.0
   per_worker_batch_size: int | None = None
   reference_batch_size: int | None = None
+  layer_axes: layer_axes_lib.LayerAxes = None
 
   def __post_init__(self):
     grouping_lib.validate_grouping(self.grouping)
+    layer_axes_lib.validate(self.layer_axes)
     checks.check_eps(self.eps)
     checks.check_beta(self.beta)
     checks.check_num_samples(self.num_samples)
@@ -140,10 +150,19 @@ def rule_from_name(
   num_samples: int | None = None,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> GainRatioRule:
   """A rule by name with its hyper-parameters (``None``: the default), or a given rule."""
   if isinstance(rule, GainRatioRule):
-    given = (beta, eps, grouping, num_samples, per_worker_batch_size, reference_batch_size)
+    given = (
+      beta,
+      eps,
+      grouping,
+      num_samples,
+      per_worker_batch_size,
+      reference_batch_size,
+      layer_axes,
+    )
     if any(x is not None for x in given):
       raise ValueError(
         "Pass the hyper-parameters either inside the GainRatioRule or as keywords, not both."
@@ -160,6 +179,7 @@ def rule_from_name(
     "num_samples": num_samples,
     "per_worker_batch_size": per_worker_batch_size,
     "reference_batch_size": reference_batch_size,
+    "layer_axes": layer_axes,
   }
   if eps is not None:
     kwargs["eps"] = eps
@@ -168,8 +188,14 @@ def rule_from_name(
   return RULES[rule](**kwargs)
 
 
-def init_gain_ratio_state(params: PyTree, power: float = 1.0) -> GainRatioState:
-  n = len(tree_utils.active_leaves_with_path(params))
+def init_gain_ratio_state(params: PyTree, rule: GainRatioRule | None = None) -> GainRatioState:
+  """The state before the first update: one entry per layer of ``params`` (checked against the
+  rule's ``layer_axes`` and ``grouping`` here, so that a misfit raises at ``init``)."""
+  rule = GainRatioRule() if rule is None else rule
+  layout = layer_axes_lib.resolve(rule.layer_axes, params)
+  if rule.adaptive:
+    grouping_lib.resolve_groups(rule.grouping, params, layout)
+  n = layout.total
   # Distinct arrays for every field: a shared buffer could not be donated to a jitted step.
   return GainRatioState(
     count=jnp.zeros([], jnp.int32),
@@ -178,24 +204,32 @@ def init_gain_ratio_state(params: PyTree, power: float = 1.0) -> GainRatioState:
     ratio=jnp.ones((n,), jnp.float32),
     global_ratio=jnp.ones([], jnp.float32),
     num_samples=jnp.zeros([], jnp.int32),
-    power=jnp.asarray(power, jnp.float32),
+    power=jnp.asarray(rule.power, jnp.float32),
   )
 
 
 def statistics_vectors(
-  updates: PyTree, grad_stats: stats.GradStats | None, expected_num_samples: int | None
+  updates: PyTree,
+  grad_stats: stats.GradStats | None,
+  expected_num_samples: int | None,
+  layout: layer_axes_lib.Layout,
 ) -> tuple[jax.Array, jax.Array, int]:
-  """Per-leaf ``top`` and ``bot`` (Eq. 4) as float32 vectors, and S, validated."""
-  checks.check_grad_stats(grad_stats, expected_num_samples)
+  """Per-layer ``top`` and ``bot`` (Eq. 4) as float32 vectors, and S, validated."""
+  stats.check_grad_stats(grad_stats, expected_num_samples)
   assert grad_stats is not None  # for the type checker: check_grad_stats raised otherwise
   top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
+  layout.check_stats(top, "grad_stats.sq_norm_mean")
   if grad_stats.mean_grad_sq_norm is None:
-    bot = [stats.sq_norm(u) for _, u in tree_utils.active_leaves_with_path(updates)]
+    bot = [
+      layer_axes_lib.slice_sq_norms(u, a)
+      for (_, u), a in zip(tree_utils.active_leaves_with_path(updates), layout.axes, strict=True)
+    ]
   else:
     bot = tree_utils.select_like(
       grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
     )
-  return tree_utils.pack_scalars(top), tree_utils.pack_scalars(bot), grad_stats.num_samples
+    layout.check_stats(bot, "grad_stats.mean_grad_sq_norm")
+  return layout.pack(top), layout.pack(bot), grad_stats.num_samples
 
 
 def clipped_ratio(numerator: jax.Array, denominator: jax.Array, eps: Any, s: int) -> jax.Array:
@@ -241,14 +275,15 @@ def advance_gain_ratio(
     grad_stats: the statistics of this update.
 
   Returns:
-    The new state; ``new_state.ratio`` holds this update's per-leaf ratios.
+    The new state; ``new_state.ratio`` holds this update's per-layer ratios.
   """
-  top, bot, s = statistics_vectors(updates, grad_stats, rule.num_samples)
+  layout = layer_axes_lib.resolve(rule.layer_axes, updates)
+  top, bot, s = statistics_vectors(updates, grad_stats, rule.num_samples, layout)
   if top.shape != state.sq_norm_mean_avg.shape:
     raise ValueError(
-      f"The optimizer state was initialised for {state.sq_norm_mean_avg.shape[0]} parameter "
-      f"leaves but the update has {top.shape[0]}: call tx.init with the same parameter tree "
-      "that the updates have."
+      f"The optimizer state was initialised for {state.sq_norm_mean_avg.shape[0]} layers but "
+      f"the update has {top.shape[0]}: call tx.init with the same parameter tree that the "
+      "updates have (and build the optimizer with the same layer_axes)."
     )
   k = rule.scale(s)
   beta = min(s / 1000.0, 1.0) if rule.beta is None else rule.beta
@@ -260,7 +295,7 @@ def advance_gain_ratio(
 
   global_ratio = ratio_of(jnp.sum(avg_top), jnp.sum(avg_bot))
   if rule.adaptive:
-    groups = grouping_lib.resolve_groups(rule.grouping, updates)
+    groups = grouping_lib.resolve_groups(rule.grouping, updates, layout)
     per_group = ratio_of(_group_sum(avg_top, groups), _group_sum(avg_bot, groups))
     ratio = _to_leaves(per_group, groups)
   else:
@@ -277,8 +312,11 @@ def advance_gain_ratio(
 
 
 def is_uniform(rule: GainRatioRule, updates: PyTree) -> bool:
-  """Whether the rule gives every leaf the same ratio (linear scaling, one group)."""
-  return not rule.adaptive or grouping_lib.resolve_groups(rule.grouping, updates).num_groups == 1
+  """Whether the rule gives every layer the same ratio (linear scaling, one group)."""
+  if not rule.adaptive:
+    return True
+  layout = layer_axes_lib.resolve(rule.layer_axes, updates)
+  return grouping_lib.resolve_groups(rule.grouping, updates, layout).num_groups == 1
 
 
 def rate_multiplier(ratio: jax.Array, power: Any) -> jax.Array:
@@ -290,19 +328,34 @@ def rate_multiplier(ratio: jax.Array, power: Any) -> jax.Array:
   return jnp.where(power == 1.0, ratio, jnp.power(ratio, power))
 
 
-def scale_active_leaves(updates: PyTree, factors: jax.Array, uniform: bool = False) -> PyTree:
-  """Multiplies the k-th active leaf of ``updates`` by ``factors[k]`` (in float32, then back).
+def scale_active_leaves(
+  updates: PyTree,
+  factors: jax.Array,
+  uniform: bool = False,
+  layer_axes: layer_axes_lib.LayerAxes = None,
+) -> PyTree:
+  """Multiplies each layer of ``updates`` by its entry of ``factors`` (in float32, then back).
 
-  The factors reach the leaves' kernels as separate scalars (``tree_utils.unstack_scalars``),
-  not as slices of the vector at constant offsets: the kernels are then the same for all leaves
-  of one shape, XLA compiles each once, as for SGD-momentum, and none of them recomputes the
-  rule's arithmetic on the whole vector (benchmarks/overhead/RESULTS.md, section (i)). The
-  values are the same either way (bitwise). ``uniform=True`` says that all entries are equal (a
-  global rule): every leaf then reads ``factors[0]``.
+  A leaf without a layer axis is multiplied by its entry; a leaf with L layers by its L entries,
+  broadcast along its layer axis. The factors reach the leaves' kernels as buffers of their own
+  (``layer_axes.leaf_factors``: scalars, and one small vector per stacked leaf), not as slices
+  of the vector at constant offsets: the kernels are then the same for all leaves of one shape,
+  XLA compiles each once, as for SGD-momentum, and none of them recomputes the rule's
+  arithmetic on the whole vector (benchmarks/overhead/RESULTS.md, section (i)). The values are
+  the same either way (bitwise). ``uniform=True`` says that all entries are equal (a global
+  rule): every leaf then reads ``factors[0]``.
   """
-  n = factors.shape[0]
-  scalars = [factors[0]] * n if uniform and n > 0 else tree_utils.unstack_scalars(factors)
-  return tree_utils.map_active_indexed(lambda k, u: (u * scalars[k]).astype(u.dtype), updates)
+  layout = layer_axes_lib.resolve(layer_axes, updates)
+  if uniform and factors.shape[0] > 0:
+    per_leaf = [factors[0]] * len(layout.axes)
+    axes: tuple[int | None, ...] = (None,) * len(layout.axes)
+  else:
+    per_leaf, axes = layer_axes_lib.leaf_factors(factors, layout), layout.axes
+
+  def scale(k: int, u: jax.Array) -> jax.Array:
+    return (u * layer_axes_lib.along_axis(per_leaf[k], u, axes[k])).astype(u.dtype)
+
+  return tree_utils.map_active_indexed(scale, updates)
 
 
 def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtraArgs:
@@ -318,14 +371,15 @@ def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtr
   """
 
   def init_fn(params):
-    return init_gain_ratio_state(params, rule.power)
+    return init_gain_ratio_state(params, rule)
 
   def update_fn(updates, state, params=None, *, grad_stats=None, **extra_args):
     del extra_args
     checks.check_updates_like(updates, params, "parameter")
     new_state = advance_gain_ratio(state, rule, updates, grad_stats)
     multiplier = rate_multiplier(new_state.ratio, rule.power)
-    return scale_active_leaves(updates, multiplier, is_uniform(rule, updates)), new_state
+    uniform = is_uniform(rule, updates)
+    return scale_active_leaves(updates, multiplier, uniform, rule.layer_axes), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -339,6 +393,7 @@ def scale_by_lena(
   power: float = 1.0,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA's layer-wise gain ratio (Eqs. 4, 5, 8).
 
@@ -358,6 +413,10 @@ def scale_by_lena(
     per_worker_batch_size: b (with ``reference_batch_size``).
     reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the cap becomes
       ``k = S b / b0``.
+    layer_axes: where each parameter stacks its layers: ``None`` (one layer per leaf), a
+      pytree of ``int | None`` shaped like the parameters (or a prefix of it) or a callable
+      ``(path, leaf) -> int | None``; each slice is a layer of its own (its own ratio), as in
+      the unrolled model. Give the statistics the same ``layer_axes``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; call
@@ -376,6 +435,7 @@ def scale_by_lena(
       power=power,
       per_worker_batch_size=per_worker_batch_size,
       reference_batch_size=reference_batch_size,
+      layer_axes=layer_axes,
     )
   )
 
@@ -388,6 +448,7 @@ def scale_by_adascale(
   power: float = 1.0,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdaScale's global gain ratio ``R = (sum_k A_k + eps) / (sum_k D_k + eps)``, in [1, S].
 
@@ -400,6 +461,10 @@ def scale_by_adascale(
     per_worker_batch_size: b (with ``reference_batch_size``).
     reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the cap becomes
       ``k = S b / b0``.
+    layer_axes: where each parameter stacks its layers: ``None`` (one layer per leaf), a
+      pytree of ``int | None`` shaped like the parameters (or a prefix of it) or a callable
+      ``(path, leaf) -> int | None``; each slice is a layer of its own (its own ratio), as in
+      the unrolled model. Give the statistics the same ``layer_axes``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -416,6 +481,7 @@ def scale_by_adascale(
       power=power,
       per_worker_batch_size=per_worker_batch_size,
       reference_batch_size=reference_batch_size,
+      layer_axes=layer_axes,
     )
   )
 
@@ -426,6 +492,7 @@ def scale_by_linear_scaling(
   power: float = 1.0,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Linear scaling: multiplies every update by S (by ``S ** p`` with ``power=p``).
 
@@ -439,6 +506,10 @@ def scale_by_linear_scaling(
     per_worker_batch_size: b (with ``reference_batch_size``).
     reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the factor becomes
       ``k = S b / b0``.
+    layer_axes: where each parameter stacks its layers: ``None`` (one layer per leaf), a
+      pytree of ``int | None`` shaped like the parameters (or a prefix of it) or a callable
+      ``(path, leaf) -> int | None``; each slice is a layer of its own (its own ratio), as in
+      the unrolled model. Give the statistics the same ``layer_axes``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -454,5 +525,6 @@ def scale_by_linear_scaling(
       power=power,
       per_worker_batch_size=per_worker_batch_size,
       reference_batch_size=reference_batch_size,
+      layer_axes=layer_axes,
     )
   )

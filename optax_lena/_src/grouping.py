@@ -1,9 +1,15 @@
-"""Which leaves of the parameter pytree form one "layer" for the gain ratio and the warm-up.
+"""Which layers of the parameter pytree share one gain ratio and one warm-up.
 
-LENA's default layer is one leaf (the authors' code treats weights and biases separately). A user
-may group leaves instead, e.g. a Flax module's kernel and bias; the ratio and the warm-up
-progress are then per group. AdaScale is the special case of one group for the whole model.
-Groups are resolved at trace time from the tree structure, so they cost nothing at run time.
+LENA's default layer is one leaf (the authors' code treats weights and biases separately), or
+one slice of a leaf that stacks its layers along a layer axis (``layer_axes=``). A user may
+group layers instead, e.g. a Flax module's kernel and bias; the ratio and the warm-up progress
+are then per group. AdaScale is the special case of one group for the whole model. Groups are
+resolved at trace time from the tree structure, so they cost nothing at run time.
+
+With stacked layers the groups are those of the unrolled model: ``"module"`` makes slice l of
+a module's stacked leaves one group (their layer axes must have one size), and a label (from a
+pytree or a callable) is joined by the slice index, so slice l of every leaf labelled ``x`` is
+one group.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from optax_lena._src import layer_axes as layer_axes_lib
 from optax_lena._src import tree_utils
 
 PyTree = Any
@@ -30,10 +37,18 @@ def group_by_module(path: tuple[str, ...], leaf: Any) -> Hashable:
   return path[:-1]
 
 
-class Groups(NamedTuple):
-  """Static assignment of the active leaves to groups, in leaf order."""
+class SliceLabel(NamedTuple):
+  """The group label of slice ``index`` of a stacked leaf labelled ``label`` (never equal to a
+  user's label, which a NamedTuple of this class cannot be by accident)."""
 
-  index: tuple[int, ...]  # type: ignore[assignment]  # group id of each leaf, ids by first appearance
+  label: Hashable
+  slice_index: int
+
+
+class Groups(NamedTuple):
+  """Static assignment of the layers (entries of the per-layer vectors) to groups, in order."""
+
+  index: tuple[int, ...]  # type: ignore[assignment]  # group id of each layer, ids by first appearance
   num_groups: int
 
   @property
@@ -50,40 +65,66 @@ def validate_grouping(grouping: Grouping) -> None:
     )
 
 
-def resolve_groups(grouping: Grouping, tree: PyTree) -> Groups:
-  """Assigns every active (unmasked) leaf of ``tree`` to a group.
+def resolve_groups(
+  grouping: Grouping, tree: PyTree, layout: layer_axes_lib.Layout | None = None
+) -> Groups:
+  """Assigns every layer of the active (unmasked) leaves of ``tree`` to a group.
 
   Args:
     grouping: see :data:`Grouping`.
     tree: the parameters or updates (possibly with ``optax.MaskedNode`` entries).
+    layout: where the leaves stack their layers (:func:`layer_axes.resolve`); ``None``: one
+      layer per leaf.
 
   Returns:
-    The static :class:`Groups`.
+    The static :class:`Groups`, one entry per layer.
   """
   validate_grouping(grouping)
   leaves = tree_utils.active_leaves_with_path(tree)
-  n = len(leaves)
+  if layout is None:
+    layout = layer_axes_lib.resolve(None, tree)
+  n = layout.total
   if grouping is None or grouping == "leaf":
     return Groups(tuple(range(n)), n)
   if grouping == "global":
     return Groups((0,) * n, 1 if n else 0)
   if grouping == "module":
     labels = [group_by_module(tree_utils.path_to_strings(p), x) for p, x in leaves]
+    _check_module_sizes(labels, layout)
   elif callable(grouping):
     labels = [grouping(tree_utils.path_to_strings(p), x) for p, x in leaves]
   else:
     labels = _labels_from_tree(grouping, tree)
   ids: dict[Hashable, int] = {}
-  index = []
-  for path, label in zip((p for p, _ in leaves), labels, strict=True):
+  index: list[int] = []
+  for path, label, axis, size in zip(
+    (p for p, _ in leaves), labels, layout.axes, layout.sizes, strict=True
+  ):
+    entries = [label] if axis is None else [SliceLabel(label, i) for i in range(size)]
     try:
-      index.append(ids.setdefault(label, len(ids)))
+      index.extend(ids.setdefault(entry, len(ids)) for entry in entries)
     except TypeError as err:
       raise ValueError(
         f"The grouping gave the unhashable label {label!r} for the leaf "
         f"{jax.tree_util.keystr(path)}; labels must be hashable (str, int, tuple)."
       ) from err
   return Groups(tuple(index), len(ids))
+
+
+def _check_module_sizes(labels: list[Any], layout: layer_axes_lib.Layout) -> None:
+  """The leaves of one module stack the same number of layers (or none), so that slice l of
+  each is layer l of the module."""
+  seen: dict[Hashable, int] = {}
+  for k, label in enumerate(labels):
+    first = seen.setdefault(label, k)
+    if layout.stats_shape(first) != layout.stats_shape(k):
+      raise ValueError(
+        f"grouping='module' groups slice l of a module's stacked leaves, but in the module "
+        f"{'/'.join(map(str, label))!r} the parameter {layout.names[first]} has "
+        f"{layout.describe(first)} and {layout.names[k]} has {layout.describe(k)}. Give them "
+        "layer axes of one size (both stacked, or neither), or group with a label pytree or a "
+        "callable (path, leaf) -> label instead."
+      )
 
 
 def _labels_from_tree(labels: PyTree, tree: PyTree) -> list[Hashable]:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_lena._src import checks, stats, tree_utils
+from optax_lena._src import layer_axes as layer_axes_lib
 
 PyTree = Any
 
@@ -54,17 +55,24 @@ def keep_state_on_skipped_step(new: PyTree, old: PyTree) -> PyTree:
   return out
 
 
-def complete_grad_stats(updates: PyTree, grad_stats: stats.GradStats) -> stats.GradStats:
-  """Fills ``mean_grad_sq_norm`` from the (raw, mean) gradients when the statistics lack it."""
+def complete_grad_stats(
+  updates: PyTree, grad_stats: stats.GradStats, layer_axes: layer_axes_lib.LayerAxes = None
+) -> stats.GradStats:
+  """Fills ``mean_grad_sq_norm`` from the (raw, mean) gradients when the statistics lack it
+  (per slice along the layer axes of ``layer_axes``)."""
   if grad_stats.mean_grad_sq_norm is not None:
     return grad_stats
-  mean_sq = tree_utils.map_active(stats.sq_norm, updates)
+  layout = layer_axes_lib.resolve(layer_axes, updates)
+  mean_sq = tree_utils.map_active_indexed(
+    lambda k, u: layer_axes_lib.slice_sq_norms(u, layout.axes[k]), updates
+  )
   return dataclasses.replace(grad_stats, mean_grad_sq_norm=mean_sq)
 
 
 def stats_are_finite(updates: PyTree, grad_stats: stats.GradStats) -> jax.Array:
-  """True when every squared norm is finite (read from per-leaf scalars: no pass over the
-  gradients). A squared norm past the float32 range counts as non-finite."""
+  """True when every squared norm is finite (read from per-layer scalars: no pass over the
+  gradients). A squared norm past the float32 range counts as non-finite: one non-finite slice
+  of a stacked leaf skips the whole step, as one non-finite leaf does."""
   top = tree_utils.select_like(grad_stats.sq_norm_mean, updates, "grad_stats.sq_norm_mean")
   bot = tree_utils.select_like(
     grad_stats.mean_grad_sq_norm, updates, "grad_stats.mean_grad_sq_norm"
@@ -73,14 +81,22 @@ def stats_are_finite(updates: PyTree, grad_stats: stats.GradStats) -> jax.Array:
   # rewrites a plain sum over a stack of scalars into a chain of scalar adds and then copies
   # that chain into every per-leaf kernel reading the flag: O(leaves^2) code, minutes of
   # compile time and many GB of memory at 1000 leaves. The abs keeps it one reduction.
-  total = jnp.sum(jnp.abs(tree_utils.pack_scalars(top))) + jnp.sum(
-    jnp.abs(tree_utils.pack_scalars(bot))
-  )
+  total = jnp.sum(jnp.abs(_pack(top))) + jnp.sum(jnp.abs(_pack(bot)))
   return jnp.isfinite(total)
+
+
+def _pack(values: list[Any]) -> jax.Array:
+  """Per-leaf statistics as one vector: the scalars stacked as before, or, with length-L vectors
+  among them (stacked layers), all of them flattened and concatenated."""
+  if all(jnp.ndim(v) == 0 for v in values):
+    return tree_utils.pack_scalars(values)
+  return tree_utils.pack_vectors([jnp.reshape(v, (-1,)) for v in values])
 
 
 def skip_nonfinite_steps(
   inner: optax.GradientTransformation,
+  *,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` and discards the step when the gradients are not finite.
 
@@ -95,10 +111,13 @@ def skip_nonfinite_steps(
 
   Args:
     inner: the transformation to protect (usually an ``optax.chain``).
+    layer_axes: where the parameters stack their layers (the inner rule's), used only to fill
+      a missing ``mean_grad_sq_norm`` per slice. A non-finite slice skips the whole step.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
   """
+  layer_axes_lib.validate(layer_axes)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -112,7 +131,7 @@ def skip_nonfinite_steps(
           f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
           "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
         )
-      grad_stats = complete_grad_stats(updates, grad_stats)
+      grad_stats = complete_grad_stats(updates, grad_stats, layer_axes)
       finite = stats_are_finite(updates, grad_stats)
       extra_args["grad_stats"] = grad_stats
     else:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
 
+from optax_lena._src import layer_axes as layer_axes_lib
 from optax_lena._src import tree_utils
 
 PyTree = Any
@@ -42,16 +44,18 @@ class GradStats:
 
   Attributes:
     sq_norm_mean: a pytree shaped like the gradients holding one float32 scalar per leaf,
-      ``(1/S) * sum_i ||g_{i,leaf}||^2`` (the paper's ``top``).
+      ``(1/S) * sum_i ||g_{i,leaf}||^2`` (the paper's ``top``); for a leaf with a layer axis of
+      size L (``layer_axes=``), a float32 vector of length L, one entry per slice.
     num_samples: S, the number of per-worker gradients averaged by the update (workers times
       accumulated micro-batches). Static: a different S retraces a jitted step, and
       transformations built with ``num_samples=`` reject it at trace time.
     mean_grad_sq_norm: optional pytree of float32 scalars ``||(1/S) sum_i g_{i,leaf}||^2`` (the
-      paper's ``bot``). The functions of this module always fill it, from the float32 mean before
-      any down-cast, so the update need not read the gradients again. When it is ``None`` the
-      aliases (``lena``, ``adascale``, ``linear_scaling``) compute it from the gradients they
-      receive; a bare ``scale_by_*`` building block computes it from the updates it receives,
-      which is right only when it is the first transformation of a chain.
+      paper's ``bot``; length-L vectors for leaves with a layer axis). The functions of this module
+      always fill it, from the float32 mean before any down-cast, so the update need not read the
+      gradients again. When it is ``None`` the aliases (``lena``, ``adascale``, ``linear_scaling``)
+      compute it from the gradients they receive; a bare ``scale_by_*`` building block computes it
+      from the updates it receives, which is right only when it is the first transformation of a
+      chain.
   """
 
   sq_norm_mean: PyTree
@@ -77,9 +81,7 @@ jax.tree_util.register_dataclass(
 
 def sq_norm(x: jax.Array) -> jax.Array:
   """Squared Euclidean norm of ``x`` accumulated in float32 (at least)."""
-  x = jnp.asarray(x)
-  acc = jnp.promote_types(x.dtype, jnp.float32)
-  return jnp.sum(jnp.square(x.astype(acc)), dtype=acc).astype(jnp.float32)
+  return layer_axes_lib.slice_sq_norms(x, None)
 
 
 def _sums(operands: tuple[jax.Array, jax.Array], axes: tuple[int, ...]):
@@ -92,6 +94,7 @@ def stacked_grad_stats(
   stacked_grads: PyTree,
   *,
   stacked_stats: GradStats | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[PyTree, GradStats]:
   """Mean gradient and statistics from per-worker gradients stacked on a leading axis.
 
@@ -104,6 +107,10 @@ def stacked_grad_stats(
     stacked_stats: optional statistics of the stacked entries themselves when every entry is
       already a mean over K micro-batches (e.g. ``jax.vmap`` of :func:`accumulate_grad_stats`);
       the result then covers S x K samples.
+    layer_axes: where each parameter stacks its layers (axes of the parameter, not counting the
+      worker axis): ``None`` (one layer per leaf), a pytree of ``int | None`` shaped like the
+      parameters (or a prefix of it) or a callable ``(path, leaf) -> int | None``; a leaf with
+      L layers gets length-L statistics, one entry per slice. Pass the optimizer's.
 
   Returns:
     ``(mean_grads, stats)``: the mean over the leading axis, in the gradients' dtype, and the
@@ -123,8 +130,10 @@ def stacked_grad_stats(
       "jax.vmap or jnp.stack on axis 0."
     )
   num_stacked = int(next(iter(sizes)) or 0)
+  param_shapes = jax.tree.map(lambda g: jax.ShapeDtypeStruct(g.shape[1:], g.dtype), stacked_grads)
+  layout = layer_axes_lib.resolve(layer_axes, param_shapes)
 
-  def per_leaf(g):
+  def per_leaf(g, axis):
     g32 = g.astype(jnp.promote_types(g.dtype, jnp.float32))
     # (1/S) sum_i ||g_i||^2 = (1/S) sum over elements of sum_i g_i^2: the worker sums of g and
     # g^2 are one two-output reduction, and the two squared norms another. Separate
@@ -134,15 +143,25 @@ def stacked_grad_stats(
     # a sharded axis has no sharding type, while a reduction has one.
     total, total_sq = _sums((g32, jnp.square(g32)), (0,))
     mean = total / num_stacked
-    sq_sum, mean_sq = _sums((total_sq, jnp.square(mean)), tuple(range(mean.ndim)))
+    sq_sum, mean_sq = _sums((total_sq, jnp.square(mean)), _other_axes(mean.ndim, axis))
     return mean.astype(g.dtype), sq_sum / num_stacked, mean_sq
 
-  triples = jax.tree.map(per_leaf, stacked_grads)
-  treedef = jax.tree.structure(stacked_grads)
+  treedef: Any = jax.tree.structure(stacked_grads)
+  triples = jax.tree.unflatten(
+    treedef,
+    [
+      per_leaf(g, a) for g, a in zip(treedef.flatten_up_to(stacked_grads), layout.axes, strict=True)
+    ],
+  )
   mean_grads, sq_norm_mean, mean_sq = tree_utils.unzip3(treedef, triples)
   num_samples = num_stacked
   if stacked_stats is not None:
     tree_utils.check_same_structure(stacked_stats.sq_norm_mean, stacked_grads, "stacked_stats")
+    entries = jax.tree.leaves(stacked_stats.sq_norm_mean)
+    layout.check_stats(
+      [jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.float32) for x in entries],
+      "stacked_stats.sq_norm_mean (without its stacked axis)",
+    )
     # Each stacked entry is a mean over K micro-batches: the mean of the K per-micro-batch
     # squared norms averages again over the stacked axis.
     sq_norm_mean = jax.tree.map(
@@ -151,6 +170,11 @@ def stacked_grad_stats(
     num_samples = num_stacked * stacked_stats.num_samples
   cast = lambda t: jax.tree.map(lambda s: s.astype(jnp.float32), t)
   return mean_grads, GradStats(cast(sq_norm_mean), num_samples, cast(mean_sq))
+
+
+def _other_axes(ndim: int, axis: int | None) -> tuple[int, ...]:
+  """The axes a per-layer statistic sums over: all of them, or all but the layer axis."""
+  return tuple(d for d in range(ndim) if d != axis)
 
 
 def _axis_names(axis_name: AxisName) -> tuple[Hashable, ...]:
@@ -204,6 +228,7 @@ def all_reduce_grad_stats(
   local_stats: GradStats | None = None,
   packed: bool = False,
   aux: PyTree,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[PyTree, GradStats, PyTree]: ...
 
 
@@ -215,6 +240,7 @@ def all_reduce_grad_stats(
   local_stats: GradStats | None = None,
   packed: bool = False,
   aux: None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[PyTree, GradStats]: ...
 
 
@@ -225,11 +251,12 @@ def all_reduce_grad_stats(
   local_stats: GradStats | None = None,
   packed: bool = False,
   aux: PyTree | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[PyTree, GradStats] | tuple[PyTree, GradStats, PyTree]:
   """All-reduces gradients and their statistics inside ``pmap`` or ``shard_map``.
 
   Replaces the usual ``lax.pmean(grads, axis_name)``. Besides that mean it issues ONE extra
-  all-reduce of a float32 vector with one entry per leaf (the local squared norms, packed so
+  all-reduce of a float32 vector with one entry per layer (the local squared norms, packed so
   that XLA sends a single small message instead of one per leaf).
 
   Args:
@@ -251,6 +278,8 @@ def all_reduce_grad_stats(
       instead of letting it report the dead peer.
     aux: other per-worker values to average over the same workers (metrics, BatchNorm
       statistics), in the same collective as the gradients (``lax.pmean(aux, axis_name)``).
+    layer_axes: where each parameter stacks its layers (see :func:`stacked_grad_stats`); a leaf
+      with L layers gets length-L statistics. Pass the optimizer's.
 
   Returns:
     ``(mean_grads, stats)``, identical on every worker; ``(mean_grads, stats, mean_aux)`` when
@@ -260,30 +289,47 @@ def all_reduce_grad_stats(
     axis_name = tuple(axis_name)
   num_workers = _axis_size(axis_name)
   _check_not_reduced(local_grads, axis_name)
+  layout = layer_axes_lib.resolve(layer_axes, local_grads)
   if local_stats is None:
-    local_sq = jax.tree.map(sq_norm, local_grads)
+    local_sq = [
+      layer_axes_lib.slice_sq_norms(g, a)
+      for g, a in zip(jax.tree.leaves(local_grads), layout.axes, strict=True)
+    ]
     local_samples = 1
   else:
     tree_utils.check_same_structure(local_stats.sq_norm_mean, local_grads, "local_stats")
-    local_sq = local_stats.sq_norm_mean
+    local_sq = jax.tree.leaves(local_stats.sq_norm_mean)
+    layout.check_stats(local_sq, "local_stats.sq_norm_mean")
     local_samples = local_stats.num_samples
   treedef = jax.tree.structure(local_grads)
-  sq_packed = tree_utils.pack_scalars(jax.tree.leaves(local_sq))
+  sq_packed = layout.pack(local_sq)
   # lax.pmean, spelled out: the squared norms below read the sum. A mean of per-worker means
   # of squared norms over equally sized groups is the global mean.
   psum = functools.partial(tree_utils.psum_flat if packed else jax.lax.psum, axis_name=axis_name)
   summed, sq_sum, aux_sum = psum((local_grads, sq_packed, aux))
   mean_grads = jax.tree.map(lambda v: v / num_workers, summed)
   sq_packed = sq_sum / num_workers
-  sq_norm_mean = jax.tree.unflatten(treedef, tree_utils.unpack_scalars(sq_packed))
-  mean_sq = jax.tree.map(lambda v, m: _mean_sq_norm(v, m, num_workers), summed, mean_grads)
+  sq_norm_mean = jax.tree.unflatten(
+    treedef, layout.unpack_like(sq_packed, jax.tree.leaves(mean_grads))
+  )
+  mean_sq = jax.tree.unflatten(
+    treedef,
+    [
+      _mean_sq_norm(v, m, num_workers, a)
+      for v, m, a in zip(
+        jax.tree.leaves(summed), jax.tree.leaves(mean_grads), layout.axes, strict=True
+      )
+    ],
+  )
   stats = GradStats(sq_norm_mean, num_workers * local_samples, mean_sq)
   if aux is None:
     return mean_grads, stats
   return mean_grads, stats, jax.tree.map(lambda v: v / num_workers, aux_sum)
 
 
-def _mean_sq_norm(summed: jax.Array, mean: jax.Array, num_workers: int) -> jax.Array:
+def _mean_sq_norm(
+  summed: jax.Array, mean: jax.Array, num_workers: int, axis: int | None = None
+) -> jax.Array:
   """``||mean||^2``, from the all-reduced sum where that gives the same number.
 
   ``||sum||^2 / S^2`` is one reduction reading the all-reduce's output, while ``||sum / S||^2``
@@ -294,8 +340,8 @@ def _mean_sq_norm(summed: jax.Array, mean: jax.Array, num_workers: int) -> jax.A
   float16, whose means go subnormal, the norm is taken of the mean as before.
   """
   if jnp.finfo(summed.dtype).minexp > jnp.finfo(jnp.float32).minexp:
-    return sq_norm(mean)
-  return sq_norm(summed) / float(num_workers * num_workers)
+    return layer_axes_lib.slice_sq_norms(mean, axis)
+  return layer_axes_lib.slice_sq_norms(summed, axis) / float(num_workers * num_workers)
 
 
 def accumulate_grad_stats(
@@ -304,6 +350,7 @@ def accumulate_grad_stats(
   micro_batches: PyTree,
   *args: Any,
   has_aux: bool = False,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> tuple[Any, PyTree, GradStats]:
   """Loss, mean gradient and statistics over K sequential micro-batches in one step.
 
@@ -319,6 +366,8 @@ def accumulate_grad_stats(
     micro_batches: a pytree whose leaves have a leading axis of size K.
     *args: extra arguments passed unchanged to ``loss_fn`` (e.g. a PRNG key).
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``; aux is averaged over micro-batches.
+    layer_axes: where each parameter stacks its layers (see :func:`stacked_grad_stats`); a leaf
+      with L layers gets length-L statistics. Pass the optimizer's.
 
   Returns:
     ``(loss, mean_grads, stats)`` where loss is the mean over the K micro-batches (or
@@ -345,12 +394,17 @@ def accumulate_grad_stats(
         f"instead, e.g. jax.sharding.reshard(x, P(None, {spec[0]!r})) for [K, batch, ...]."
       )
   grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
+  layout = layer_axes_lib.resolve(layer_axes, params)
+  slice_sq_norms = lambda grads: [
+    layer_axes_lib.slice_sq_norms(g, a)
+    for g, a in zip(jax.tree.leaves(grads), layout.axes, strict=True)
+  ]
 
   def step(carry, batch):
     grad_sum, sq_sum, value_sum = carry
     value, grads = grad_fn(params, batch, *args)
     grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
-    sq_sum = sq_sum + tree_utils.pack_scalars([sq_norm(g) for g in jax.tree.leaves(grads)])
+    sq_sum = sq_sum + layout.pack(slice_sq_norms(grads))
     value_sum = jax.tree.map(lambda s, v: s + jnp.asarray(v, s.dtype), value_sum, value)
     return (grad_sum, sq_sum, value_sum), None
 
@@ -361,7 +415,7 @@ def accumulate_grad_stats(
   ]
   init = (
     jax.tree.map(zeros, params),
-    jnp.zeros((len(jax.tree.leaves(params)),), jnp.float32),
+    jnp.zeros((layout.total,), jnp.float32),
     jax.tree.map(zeros, value_shape),
   )
   # scan needs the carry's types to match the body's outputs: under shard_map(check_vma=True)
@@ -375,8 +429,10 @@ def accumulate_grad_stats(
   mean_grads32 = jax.tree.map(lambda s: s / k, grad_sum)
   mean_grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), mean_grads32, params)
   treedef = jax.tree.structure(params)
-  sq_norm_mean = jax.tree.unflatten(treedef, tree_utils.unpack_scalars(sq_sum / k))
-  stats = GradStats(sq_norm_mean, k, jax.tree.map(sq_norm, mean_grads32))
+  sq_norm_mean = jax.tree.unflatten(
+    treedef, layout.unpack_like(sq_sum / k, jax.tree.leaves(mean_grads32))
+  )
+  stats = GradStats(sq_norm_mean, k, jax.tree.unflatten(treedef, slice_sq_norms(mean_grads32)))
   value = jax.tree.map(lambda s, v: (s / k).astype(v.dtype), value_sum, value_shape)
   return value, mean_grads, stats
 
@@ -389,3 +445,54 @@ def _cast_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
   if spec is not None and tree_utils.explicit_spec(x) != spec:
     x = jax.sharding.reshard(x, spec)
   return x
+
+
+def check_grad_stats(grad_stats: Any, expected_num_samples: int | None) -> None:
+  """The statistics an update needs are present, of the right type and the expected S."""
+  if grad_stats is None:
+    raise ValueError(
+      _called_from_flax_train_state()
+      + "This optax_lena transformation needs the per-worker gradient statistics: call "
+      "tx.update(grads, state, params, grad_stats=stats) with (grads, stats) from "
+      "ol.stacked_grad_stats(stacked_grads), ol.all_reduce_grad_stats(local_grads, axis_name) "
+      "inside pmap/shard_map, or ol.accumulate_grad_stats(loss_fn, params, micro_batches). "
+      "With Flax use optax_lena.flax.TrainState, whose apply_gradients(grads=grads, "
+      "grad_stats=stats) passes them on (flax.training.train_state.TrainState does not), or "
+      "nnx.Optimizer(...).update(model, grads, grad_stats=stats)."
+    )
+  if not isinstance(grad_stats, GradStats):
+    raise TypeError(
+      f"grad_stats must be an ol.GradStats, got {type(grad_stats).__name__}. Use "
+      "ol.stacked_grad_stats or ol.all_reduce_grad_stats to compute it."
+    )
+  if expected_num_samples is not None and grad_stats.num_samples != expected_num_samples:
+    raise ValueError(
+      f"The statistics cover S={grad_stats.num_samples} per-worker gradients but this "
+      f"transformation was built with num_samples={expected_num_samples}. Check the number of "
+      "devices x micro-batches, or build the optimizer with the right num_samples (or None)."
+    )
+
+
+def _called_from_flax_train_state() -> str:
+  """A first sentence for the missing-statistics error when Flax's own TrainState called us.
+
+  ``flax.training.train_state.TrainState.apply_gradients(grads=g, grad_stats=s)`` hands
+  ``grad_stats`` to ``.replace()`` (it becomes an unknown field) and calls ``tx.update``
+  without it, so the user did pass statistics: say where they went.
+  """
+  frame = inspect.currentframe()
+  try:
+    while frame is not None:
+      code = frame.f_code
+      if code.co_name == "apply_gradients" and frame.f_globals.get("__name__", "").startswith(
+        "flax."
+      ):
+        return (
+          "flax.training.train_state.TrainState.apply_gradients does not pass grad_stats to "
+          "the optimizer: use optax_lena.flax.TrainState (a drop-in replacement, same fields "
+          "and create()) and call state.apply_gradients(grads=grads, grad_stats=stats). "
+        )
+      frame = frame.f_back
+    return ""
+  finally:
+    del frame

@@ -32,6 +32,22 @@ def unpack_scalars(vector: jax.Array) -> list[jax.Array]:
   return [vector[i] for i in range(vector.shape[0])]
 
 
+def pack_vectors(vectors: Sequence[jax.Array]) -> jax.Array:
+  """Concatenates float32 vectors into one (the per-layer vectors of the optimizer state).
+
+  Under an explicit-axis mesh a vector sharded along a mesh axis (the statistics of a layer axis
+  sharded over a ``stage`` axis) is gathered first: the state's vectors are replicated.
+  """
+  if not vectors:
+    return jnp.zeros((0,), jnp.float32)
+  replicated = jax.sharding.PartitionSpec()
+  values = [
+    v if explicit_spec(v) is None else jax.sharding.reshard(v, replicated)
+    for v in (jnp.asarray(v, jnp.float32) for v in vectors)
+  ]
+  return jnp.concatenate(values)
+
+
 def _max_of_pairs(a: Sequence[jax.Array], b: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
   return tuple(jnp.maximum(x, y) for x, y in zip(a, b, strict=True))
 
@@ -73,6 +89,13 @@ def unstack_scalars(vector: jax.Array) -> list[jax.Array]:
     for i, s in enumerate(_select_each(column, 0)):
       scalars[i * m + j] = s
   return scalars[:n]
+
+
+def unstack_rows(matrix: jax.Array) -> list[jax.Array]:
+  """``[matrix[j] for j]``, bitwise, each row its own buffer (one variadic reduce, as in
+  :func:`unstack_scalars`): a kernel that consumes a row takes it as an argument and does not
+  compile again the arithmetic that computed the matrix. O(rows^2 x columns) comparisons."""
+  return list(_select_each(matrix, 0))
 
 
 def psum_flat(tree: PyTree, axis_name: Any) -> PyTree:

@@ -18,6 +18,7 @@ import optax
 
 from optax_lena._src import batch_scale, checks, gain_ratio, stats, tree_utils
 from optax_lena._src import grouping as grouping_lib
+from optax_lena._src import layer_axes as layer_axes_lib
 
 PyTree = Any
 
@@ -31,9 +32,9 @@ class LayerwiseWarmupState(NamedTuple):
   Attributes:
     ratio_state: the warm-up's own copy of its rule's gain-ratio state (see the note in
       :func:`layerwise_warmup`).
-    progress: ``P_k`` per leaf, in single-worker iterations.
-    factor: the warm-up factor of the last update per leaf, ``min(P_k / theta, 1)``.
-    end_step: per leaf, the 1-based index of the first update at full rate (``P_k >= theta``),
+    progress: ``P_k`` per layer, in single-worker iterations.
+    factor: the warm-up factor of the last update per layer, ``min(P_k / theta, 1)``.
+    end_step: per layer, the 1-based index of the first update at full rate (``P_k >= theta``),
       or -1 while the layer is still warming up (the paper's Figure 7).
   """
 
@@ -54,6 +55,7 @@ def layerwise_warmup(
   num_samples: int | None = None,
   per_worker_batch_size: int | None = None,
   reference_batch_size: int | None = None,
+  layer_axes: layer_axes_lib.LayerAxes = None,
 ) -> optax.GradientTransformationExtraArgs:
   """LENA's layer-wise state-aware warm-up (Eqs. 6-7, Algorithm 1 lines 17-21).
 
@@ -77,7 +79,7 @@ def layerwise_warmup(
     the others later by their ratio's distance to it. It depends on how different the layers'
     ratios are, not on S / r.
   * ``"relative_to_mean"``: ``P_k <- P_k + min(S * r_k / mean_j r_j, S)``. The same relative to
-    the mean ratio (over leaves), capped at S: fraction ``alpha * max(1, mean_j r_j / r_k)``.
+    the mean ratio (over layers), capped at S: fraction ``alpha * max(1, mean_j r_j / r_k)``.
     Layers at or above the mean ratio end at alpha of the run, those below later.
 
   Both variants keep the paper's intent (each layer ends on its own, noisier layers first) and
@@ -112,6 +114,8 @@ def layerwise_warmup(
     per_worker_batch_size: b, with ``reference_batch_size`` (the rule's).
     reference_batch_size: b0, the batch the rate was tuned at (the rule's); theta then counts
       iterations at batch b0.
+    layer_axes: where each parameter stacks its layers (the rule's): each slice warms up on its
+      own, as in the unrolled model.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
@@ -134,10 +138,11 @@ def layerwise_warmup(
     num_samples=num_samples,
     per_worker_batch_size=per_worker_batch_size,
     reference_batch_size=reference_batch_size,
+    layer_axes=layer_axes,
   )
 
   def init_fn(params):
-    ratio_state = gain_ratio.init_gain_ratio_state(params, rule.power)
+    ratio_state = gain_ratio.init_gain_ratio_state(params, rule)
     n = ratio_state.ratio.shape[0]
     return LayerwiseWarmupState(
       ratio_state=ratio_state,
@@ -157,23 +162,24 @@ def layerwise_warmup(
     at_full_rate = new_progress >= warmup_threshold
     end_step = jnp.where((state.end_step < 0) & at_full_rate, ratio_state.count, state.end_step)
     new_state = LayerwiseWarmupState(ratio_state, new_progress, factor, end_step)
-    return gain_ratio.scale_active_leaves(updates, factor), new_state
+    return gain_ratio.scale_active_leaves(updates, factor, False, rule.layer_axes), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def progress_advance(ratio: jax.Array, num_samples: int, progress: str = "ratio") -> jax.Array:
-  """Per-leaf advance of the warm-up progress ``P_k`` for one update.
+  """Per-layer advance of the warm-up progress ``P_k`` for one update.
 
   Args:
-    ratio: the update's per-leaf ratios ``r_k`` (float32, each in ``[1, S]``).
+    ratio: the update's per-layer ratios ``r_k`` (float32, each in ``[1, S]``).
     num_samples: the scale of the update (a Python int): S, or ``k = S b / b0`` with a
       reference batch.
     progress: ``"ratio"`` (``r_k``, the paper's Eq. 6), ``"relative_to_max"``
-      (``S * r_k / max_j r_j``) or ``"relative_to_mean"`` (``min(S * r_k / mean_j r_j, S)``).
+      (``S * r_k / max_j r_j``) or ``"relative_to_mean"`` (``min(S * r_k / mean_j r_j, S)``,
+      the mean over layers).
 
   Returns:
-    The advance per leaf, float32, in ``[r_k, S]``.
+    The advance per layer, float32, in ``[r_k, S]``.
   """
   if progress == "ratio" or ratio.shape[0] == 0:
     return ratio
@@ -200,7 +206,7 @@ def num_samples_of(grad_stats: stats.GradStats | None, num_samples: int | None, 
         "num_samples=S."
       )
     return num_samples
-  checks.check_grad_stats(grad_stats, num_samples)
+  stats.check_grad_stats(grad_stats, num_samples)
   return grad_stats.num_samples
 
 

@@ -24,7 +24,8 @@ Conventions (from docs/LENA.md and the test brief):
   multiplier on ``lr0`` evaluated at ``t - 1`` (clock ``'updates'``, the Optax count convention)
   or at ``(t - 1) * S`` (clock ``'samples'``, base steps seen before this update).
 * Update (PyTorch momentum SGD, coupled weight decay): ``d = gbar + wd * w``, ``m = mu * m + d``,
-  ``w = w - eta_k * m``; a layer excluded by ``decay_mask`` has ``d = gbar``.
+  ``w = w - eta_k * m`` (with ``nesterov``: ``w = w - eta_k * (d + mu * m)``, PyTorch's Nesterov
+  step); a layer excluded by ``decay_mask`` has ``d = gbar``.
 * Power p: the rate multiplier is ``ratio ** p`` (the ratio itself in ``[1, k]``); the
   state-aware progress still advances by the ratio.
 * Reference batch b0 (with per-worker batch b): the scale ``k = S b / b0`` replaces S as the
@@ -97,6 +98,7 @@ class ReferenceOptimizer:
     b1: Adam's first-moment decay.
     b2: Adam's second-moment decay.
     adam_eps: Adam's eps.
+    nesterov: Nesterov momentum (``'sgd'`` only).
   """
 
   def __init__(
@@ -121,6 +123,7 @@ class ReferenceOptimizer:
     b1: float = 0.9,
     b2: float = 0.999,
     adam_eps: float = 1e-8,
+    nesterov: bool = False,
   ) -> None:
     if rule not in RULES:
       raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
@@ -152,6 +155,7 @@ class ReferenceOptimizer:
     self.reference_batch = reference_batch_size
     self.inner = inner
     self.b1, self.b2, self.adam_eps = float(b1), float(b2), float(adam_eps)
+    self.nesterov = bool(nesterov)
     self._v: list[np.ndarray] | None = None
     # State, created at the first step once the number of layers is known.
     self.t = 0
@@ -271,7 +275,7 @@ class ReferenceOptimizer:
       decay = self.weight_decay * w if self.decay_mask is None or self.decay_mask[j] else 0.0
       if self.inner == "sgd":
         self._m[j] = self.momentum * self._m[j] + gb + decay
-        step = self._m[j]
+        step = gb + decay + self.momentum * self._m[j] if self.nesterov else self._m[j]
       else:
         self._m[j] = self.b1 * self._m[j] + (1.0 - self.b1) * gb
         self._v[j] = self.b2 * self._v[j] + (1.0 - self.b2) * gb**2

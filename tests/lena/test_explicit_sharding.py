@@ -13,6 +13,7 @@ cheap (an eager update costs seconds of op-by-op compilation, so updates are jit
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -183,6 +184,18 @@ def _assert_close(a: Any, b: Any, what: str) -> None:
     np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL, err_msg=f"{what}, leaf {k}")
 
 
+def _updates(step: Any, states: dict[str, Any], grads: list[Any], params: Any, micro: Any) -> Any:
+  """(parameters, states, results) after one ``step`` per entry of ``grads``, every optimizer
+  starting from ``params``; ``TRACES`` is cleared first."""
+  TRACES.clear()
+  current, results = dict.fromkeys(states, params), []
+  for g in grads:
+    out = step(current, states, g, params, micro)
+    current, states = out["params"], out["states"]
+    results.append(out)
+  return current, states, results
+
+
 def _simulate(
   case: str, axis_type: AxisType, names: tuple[str, ...]
 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
@@ -194,12 +207,7 @@ def _simulate(
     states = {name: _optimizers()[name][0].init(params) for name in names}
     init_types = _typeof(states)
     step = jax.jit(lambda *args: _step(*args), compiler_options=FAST_COMPILE)  # a fresh cache
-    TRACES.clear()
-    current, results = dict.fromkeys(names, params), []
-    for g in grads:
-      out = step(current, states, g, params, micro)
-      current, states = out["params"], out["states"]
-      results.append(out)
+    current, states, results = _updates(step, states, grads, params, micro)
     nan = jax.tree.map(lambda x: x * jnp.nan, grads[-1])
     skipped = step(current, states, nan, params, micro)
     # Types unchanged by the updates: the later calls reuse the first trace.
@@ -411,3 +419,120 @@ def test_flax_helpers_on_an_explicit_mesh() -> None:
   ref = ReferenceOptimizer("lena", "state_aware", lr0=0.1, warmup_threshold=THETA)
   w_ref = ref.step([b64, w64], [per_worker[1], per_worker[0]])
   _assert_close([model.b.value, model.w.value], w_ref, "NNX parameters after one LENA update")
+
+
+# -- stacked layers with the layer axis on a mesh axis of its own (MaxText's "stage") ---------
+
+STAGE_LAYER_AXES = {"blocks": 0, "head": None, "mlp": 1}
+# name -> (shape, the parameter's spec): the layer axis (size 4) on "stage", at 0 and at 1.
+STAGE_PARAMS = {
+  "blocks": {"kernel": ((4, 3, 8), P("stage")), "bias": ((4, 8), P("stage"))},
+  "head": {"kernel": ((8, 2), P())},
+  "mlp": {"kernel": ((3, 4, 5), P(None, "stage"))},
+}
+
+
+def _stage_leaves(fn):
+  return jax.tree.map(lambda spec: fn(*spec), STAGE_PARAMS, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _stage_optimizers():
+  return {
+    "lena": ol.lena(0.1, weight_decay=WD, warmup_threshold=THETA, layer_axes=STAGE_LAYER_AXES),
+    "lena_adamw": ol.lena_adamw(
+      1e-2, grouping="module", warmup_steps=WARMUP_STEPS, layer_axes=STAGE_LAYER_AXES
+    ),
+  }
+
+
+def _stage_step(current, states, grads, params, micro):
+  """Every optimizer's update from the per-slice statistics of the three statistics functions
+  (stacked over "data"; K = S sequential micro-batches; an all-reduce over "data" inside
+  shard_map, plain and packed)."""
+  TRACES.append(jax.tree.map(jax.typeof, states))
+  mean, stats = ol.stacked_grad_stats(grads, layer_axes=STAGE_LAYER_AXES)
+  out: dict[str, Any] = {"stats": stats, "params": {}, "states": {}}
+  for name, tx in _stage_optimizers().items():
+    updates, out["states"][name] = tx.update(mean, states[name], current[name], grad_stats=stats)
+    out["params"][name] = optax.apply_updates(current[name], updates)
+  out["diagnostics"] = ol.diagnostics(out["states"]["lena"], params, layer_axes=STAGE_LAYER_AXES)
+  out["accumulated"] = ol.accumulate_grad_stats(
+    _linear_loss, params, micro, layer_axes=STAGE_LAYER_AXES
+  )[2]
+
+  def body(grads):
+    mine = jax.tree.map(lambda g: g[0], grads)
+    reduce = lambda packed: ol.all_reduce_grad_stats(
+      mine, "data", packed=packed, layer_axes=STAGE_LAYER_AXES
+    )[1]
+    return reduce(False), reduce(True)
+
+  if jax.sharding.get_abstract_mesh().axis_names:
+    mapped = jax.shard_map(body, in_specs=P("data"), out_specs=P(), axis_names={"data"})
+    out["all_reduced"] = mapped(grads)
+  return out
+
+
+def _run_stage(axis_type: AxisType | None) -> tuple[Any, Any, list[dict[str, Any]]]:
+  """(init state types, parameter types, the results of STEPS updates) on a 4 x 2 ("data",
+  "stage") mesh of the given axis type, or on one device (None)."""
+  rng = np.random.RandomState(11)
+  params = _stage_leaves(lambda shape, _: (0.3 * rng.standard_normal(shape)).astype(np.float32))
+  signal = jax.tree.map(lambda p: rng.standard_normal(p.shape), params)
+  noise = [jax.tree.map(lambda p: rng.standard_normal((S, *p.shape)), params) for _ in range(STEPS)]
+  grads = [
+    jax.tree.map(lambda s, z, t=t: (s * (1.0 + t) + z).astype(np.float32), signal, noise[t])
+    for t in range(STEPS)
+  ]
+  specs = _stage_leaves(lambda _, spec: spec)
+  mesh = None if axis_type is None else jax.make_mesh((S, 2), ("data", "stage"), (axis_type,) * 2)
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    if mesh is not None:
+      put = lambda tree, specs: jax.tree.map(
+        lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs
+      )
+      grads = [put(g, jax.tree.map(lambda s: P("data", *s), specs)) for g in grads]
+      params = put(params, specs)
+    micro = jax.tree.map(lambda g: jnp.asarray(g), grads[0]) if mesh is None else None
+    if mesh is not None:
+      micro = put(jax.device_get(grads[0]), jax.tree.map(lambda s: P(None, *s), specs))
+    states = {name: tx.init(params) for name, tx in _stage_optimizers().items()}
+    init_types, param_types = _typeof(states), _typeof(params)
+    step = jax.jit(lambda *args: _stage_step(*args), compiler_options=FAST_COMPILE)
+    _, _, results = _updates(step, states, grads, params, micro)
+    assert len(TRACES) == 1  # the states' types did not change: one trace for every update
+  return init_types, param_types, results
+
+
+def test_layer_axis_sharded_on_its_own_mesh_axis():
+  """The layer axis on "stage" and the worker axis on "data": under an Explicit mesh every
+  statistic and state keeps its type through init, jit and the updates; under an Explicit and an
+  Auto mesh the numbers are those of one device, to float32 rounding."""
+  init_types, param_types, explicit = _run_stage(AxisType.Explicit)
+  assert [_spec(t) for t in jax.tree.leaves(param_types)] == [
+    ("stage", None),
+    ("stage", None, None),
+    (None, None),
+    (None, "stage", None),
+  ]
+  _, _, auto = _run_stage(AxisType.Auto)
+  _, _, single = _run_stage(None)
+  for out in explicit:
+    assert _typeof(out["states"]) == init_types
+    for name, p in out["params"].items():
+      assert _typeof(p) == param_types, name
+    # A stacked leaf's statistics are sharded like its layer axis.
+    for stats in (out["stats"], out["accumulated"]):
+      assert _spec(jax.typeof(stats.sq_norm_mean["blocks"]["kernel"])) == ("stage",)
+      assert _spec(jax.typeof(stats.mean_grad_sq_norm["mlp"]["kernel"])) == ("stage",)
+      assert jax.typeof(stats.sq_norm_mean["head"]["kernel"]).shape == ()
+  for mode, results in (("explicit", explicit), ("auto", auto)):
+    for k, (a, b) in enumerate(zip(results, single, strict=True)):
+      at = f"{mode} mesh vs one device, update {k + 1}"
+      for key in ("stats", "accumulated", "params", "states", "diagnostics"):
+        _assert_close(a[key], b[key], f"{at}: {key}")
+      for stats in a["all_reduced"]:
+        _assert_close(stats, b["stats"], f"{at}: all_reduce_grad_stats")
+  # The slices have their own ratios (the test is not of one ratio per stack).
+  ratios = np.asarray(single[-1]["diagnostics"]["gain_ratio"]["blocks"]["kernel"])
+  assert len(set(ratios.tolist())) == 4

@@ -390,3 +390,39 @@ def test_flax_train_state_error_names_optax_lena_train_state():
   # Elsewhere the error still mentions it, after the general fix.
   with pytest.raises(ValueError, match=r"^This optax_lena.*optax_lena\.flax\.TrainState"):
     state.tx.update(grads, state.opt_state, state.params)
+
+
+def test_layer_axes_read_from_partition_metadata_at_axis_1_and_errors():
+  """MaxText's position: nn.scan stacking on axis 1 records "layers" there (read from the
+  abstract init, no compute); unannotated parameters, unboxed ones or another name raise an
+  error that names the fix."""
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+      init = nn.with_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+      return nn.Dense(4, kernel_init=init, use_bias=False)(x), None
+
+  class Scanned(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      scan = nn.scan(
+        Block,
+        variable_axes={"params": 1},
+        split_rngs={"params": True},
+        length=3,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      return scan(name="blocks")(nn.Dense(4)(x), None)[0]
+
+  variables = jax.eval_shape(Scanned().init, jax.random.key(0), jnp.zeros((1, 4)))
+  axes = olf.layer_axes(variables["params"])
+  assert axes == {"Dense_0": {"bias": None, "kernel": None}, "blocks": {"Dense_0": {"kernel": 1}}}
+  assert jax.tree.leaves(variables["params"]["blocks"])[0].shape == (4, 3, 4)
+  with pytest.raises(ValueError, match=r"no parameter whose partition names include 'stage'"):
+    olf.layer_axes(variables["params"], name="stage")
+  with pytest.raises(ValueError, match=r"nn\.with_partitioning.*before nn\.unbox.*callable"):
+    olf.layer_axes(nn.unbox(variables["params"]))
+  plain = nnx.state(nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Param)
+  with pytest.raises(ValueError, match=r"nnx\.with_partitioning.*nnx\.PARTITION_NAME"):
+    olf.layer_axes(plain)

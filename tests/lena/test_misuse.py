@@ -242,7 +242,7 @@ def test_none_hyperparameters_are_rejected_at_construction(build):
     build()
 
 
-# -- statistics (stats.py, tree_utils.py, checks.check_grad_stats) ----------------------------
+# -- statistics (stats.py, tree_utils.py, stats.check_grad_stats) -----------------------------
 
 
 @pytest.mark.parametrize("num_samples", [True, 8.0, np.int64(8), jnp.asarray(8), -1])
@@ -396,3 +396,112 @@ def test_reference_batch_that_does_not_divide_names_the_fix(reference, match):
   ):
     with pytest.raises(ValueError, match=match):
       tx.update(mean, tx.init(PARAMS), PARAMS, grad_stats=stats)
+
+
+# -- stacked layers (layer_axes.py) and the learning rate's type -------------------------------
+
+STACKED = {
+  "blocks": {"kernel": jnp.ones((4, 2, 3)), "bias": jnp.zeros((4, 3))},
+  "head": jnp.ones(3),
+}
+BLOCKS_AT_0 = {"blocks": 0, "head": None}
+
+
+@pytest.mark.parametrize(
+  "layer_axes, match",
+  [
+    ({"blocks": 2, "head": None}, r"\['blocks'\]\['bias'\] of shape \(4, 3\).*axis 2.*rank 2"),
+    (lambda path, leaf: -4 if path[0] == "blocks" else None, r"axis -4, outside its rank"),
+    ({"blocks": 0, "head": None, "tail": 0}, r"does not have: \['tail'\]"),
+    (
+      {"blocks": {"kernel": 0}, "head": None},
+      r"does not cover the parameter \['blocks'\]\['bias'\]",
+    ),
+    ({"blocks": 0}, r"does not cover the parameter \['head'\]"),
+  ],
+)
+def test_layer_axes_that_do_not_fit_the_parameters(layer_axes, match):
+  """Raised at init (naming the parameter and the fix), and by the statistics functions."""
+  for tx in (ol.lena(0.1, layer_axes=layer_axes), ol.scale_by_adascale(layer_axes=layer_axes)):
+    with pytest.raises(ValueError, match=match):
+      tx.init(STACKED)
+  stacked = jax.tree.map(lambda p: jnp.ones((2, *p.shape)), STACKED)
+  with pytest.raises(ValueError, match=match):
+    ol.stacked_grad_stats(stacked, layer_axes=layer_axes)
+
+
+@pytest.mark.parametrize(
+  "build", [lambda v: ol.lena(0.1, layer_axes=v), lambda v: ol.lena_rule(layer_axes=v)]
+)
+@pytest.mark.parametrize("bad", ["layers", 1.0, True, {"blocks": "0"}])
+def test_layer_axes_of_the_wrong_type_raise_at_construction(build, bad):
+  with pytest.raises(TypeError, match="layer_axes must hold Python ints"):
+    build(bad)
+
+
+def test_injected_layer_axes_name_static_args():
+  with pytest.raises(ValueError, match=r"static_args=\('layer_axes',\)"):
+    optax.inject_hyperparams(ol.lena)(learning_rate=0.1, layer_axes=0).init(STACKED)
+
+
+@pytest.mark.parametrize(
+  "stats_axes, tx_axes, match",
+  [
+    (BLOCKS_AT_0, None, r"has shape \(4,\) for the parameter \['blocks'\]\['bias'\].*one layer"),
+    (None, BLOCKS_AT_0, r"has one value \(no layer axis\).*4 layers along axis 0"),
+    (
+      {"blocks": {"kernel": 1, "bias": 1}, "head": None},
+      BLOCKS_AT_0,
+      r"has shape \(3,\) for the parameter \['blocks'\]\['bias'\].*4 layers along axis 0",
+    ),
+  ],
+)
+def test_statistics_with_other_layer_axes_than_the_optimizer(stats_axes, tx_axes, match):
+  mean, stats = stats_for(STACKED)
+  stacked = jax.tree.map(lambda p: jnp.ones((2, *p.shape)), STACKED)
+  _, stats = ol.stacked_grad_stats(stacked, layer_axes=stats_axes)
+  for tx in (
+    ol.lena(0.1, layer_axes=tx_axes),
+    ol.layerwise_warmup(5.0, layer_axes=tx_axes),
+    ol.scale_by_linear_scaling(layer_axes=tx_axes),
+  ):
+    with pytest.raises(ValueError, match=match + r".*Pass the same layer_axes"):
+      jax.jit(tx.update).lower(mean, tx.init(STACKED), STACKED, grad_stats=stats)
+
+
+def test_module_grouping_of_stacks_of_different_sizes():
+  params = {"blocks": {"kernel": jnp.ones((4, 2, 3)), "bias": jnp.zeros((4, 3))}}
+  for axes in ({"blocks": {"kernel": 0, "bias": 1}}, {"blocks": {"kernel": 0, "bias": None}}):
+    tx = ol.lena(0.1, grouping="module", layer_axes=axes)
+    with pytest.raises(ValueError, match=r"module 'blocks'.*\['blocks'\]\['bias'\] has .*layer"):
+      tx.init(params)
+
+
+def test_layer_axes_twice_and_diagnostics_without_them():
+  with pytest.raises(ValueError, match="pass it once"):
+    ol.large_batch_sgd(0.1, ol.lena_rule(layer_axes=0), layer_axes=0)
+  state = ol.lena(0.1, layer_axes=BLOCKS_AT_0).init(STACKED)
+  with pytest.raises(ValueError, match=r"9 layers but params has 3.*pass layer_axes="):
+    ol.diagnostics(state, STACKED)
+  with pytest.raises(ValueError, match=r"9 layers but params has 3"):
+    ol.flat_diagnostics(state, STACKED)
+
+
+@pytest.mark.parametrize(
+  "alias",
+  [
+    ol.lena,
+    ol.adascale,
+    ol.linear_scaling,
+    ol.lena_adamw,
+    ol.adascale_adamw,
+    ol.linear_scaling_adamw,
+    lambda lr: ol.large_batch_sgd(lr, ol.lena_rule()),
+    lambda lr: ol.large_batch_adamw(lr, ol.lena_rule(power=0.5)),
+    lambda lr: ol.scale_by_learning_rate(lr),
+  ],
+)
+@pytest.mark.parametrize("bad", ["0.1", b"0.1", True, [0.1]])
+def test_learning_rate_that_is_not_a_number_or_a_schedule(alias, bad):
+  with pytest.raises(TypeError, match=r"learning_rate must be a number .* or an Optax schedule"):
+    alias(bad)
