@@ -23,7 +23,7 @@ def test_accuracy(setup: Setup, runs: Runs, comparisons_: list[Comparison], path
   interval. Bottom: per slice minus each other arm, paired by seed, with the 95% intervals."""
   plt = analysis.pyplot()
   n = len(setup.scales)
-  fig, axes = plt.subplots(2, n, figsize=(5.5 * n, 8), squeeze=False)
+  fig, axes = plt.subplots(2, n, figsize=(6.5 * n, 8.5), squeeze=False)
   for col, s in enumerate(setup.scales):
     top, bottom = axes[0][col], axes[1][col]
     for i, method in enumerate(setup.methods):
@@ -37,7 +37,9 @@ def test_accuracy(setup: Setup, runs: Runs, comparisons_: list[Comparison], path
       top.errorbar([i + 0.15], [mean.mean], yerr=[[half], [half]], fmt="s", color=color, capsize=4)
     top.set_xticks(range(len(setup.methods)))
     top.set_xticklabels([METHODS[m].label for m in setup.methods], rotation=25, ha="right")
-    top.set(ylabel="final test accuracy", title=f"S = {s}: seeds, mean and 95% interval")
+    top.set(
+      ylabel="final test accuracy", title=f"S = {s}: the seeds, their mean and its 95% interval"
+    )
     top.grid(alpha=0.3, axis="y")
     mine = [
       (c.b, c.paired)
@@ -50,12 +52,12 @@ def test_accuracy(setup: Setup, runs: Runs, comparisons_: list[Comparison], path
       bottom.errorbar([100 * p.mean], [i], xerr=xerr, fmt="o", capsize=4, color=COLORS[b])
     bottom.axvline(0.0, color="k", lw=1)
     bottom.set_yticks(range(len(mine)))
-    bottom.set_yticklabels([f"per slice - {METHODS[b].label}" for b, _ in mine])
+    bottom.set_yticklabels([f"- {METHODS[b].label}" for b, _ in mine])
     bottom.invert_yaxis()
     seeds = max((p.n for _, p in mine), default=0)
     bottom.set(
-      xlabel="test accuracy difference (points), mean and 95% interval",
-      title=f"S = {s}: paired by seed ({seeds} seeds)",
+      xlabel="test accuracy difference (points)",
+      title=f"S = {s}: per slice minus each, by seed ({seeds} seeds)",
     )
     bottom.grid(alpha=0.3, axis="x")
   analysis.save_figure(fig, path)
