@@ -135,7 +135,7 @@ def test_a_call_longer_than_a_block_is_its_messages_in_separate_calls(through_ri
   compiled at start-up): the state and the replies, in order, are those of one call per
   message, its messages and replies in the call or in the worker's shared-memory ring."""
   from optax_lena._src.aladdin.ray import channel
-  from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS
+  from optax_lena._src.aladdin.ray.plan import BLOCK_PERIODS, FOLD_PERIODS
   from optax_lena._src.aladdin.ray.shard import ServerShard
   from optax_lena.aladdin import distributed as ad
 
@@ -166,6 +166,6 @@ def test_a_call_longer_than_a_block_is_its_messages_in_separate_calls(through_ri
     assert (reply[0] is None) == through_ring
     np.testing.assert_array_equal(got, slices)
     jax.tree.map(np.testing.assert_array_equal, folded.state, one_by_one.state)
-    assert folded.counts["global_updates"] == one_by_one.counts["global_updates"] == len(alphas)
+    assert folded.counts.global_updates == one_by_one.counts.global_updates == len(alphas)
   finally:
     channel.remove_rings(run)

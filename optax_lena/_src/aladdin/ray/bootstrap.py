@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from optax_lena._src.aladdin.ray import channel
-from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
+from optax_lena._src.aladdin.ray.config import Config
+from optax_lena._src.aladdin.ray.errors import ClusterLostError
 
 # Ray's switch for "multi-node clusters allowed" doubles as the one that makes a local node
 # advertise, and therefore bind, the loopback address instead of the machine's external IP.

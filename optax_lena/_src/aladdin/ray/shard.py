@@ -7,6 +7,7 @@ when Ray restarts the actor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -15,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src.aladdin.ray import channel, shard_checkpoints
-from optax_lena._src.aladdin.ray.config import Config, ShardStats
+from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.ray.cores import limit_intra_op_threads
+from optax_lena._src.aladdin.ray.records import ShardCounts, ShardStats
 from optax_lena._src.aladdin.server import folded_receive
 
 
@@ -35,7 +37,7 @@ class ServerShard:
       os.nice(nice)
     self.shard, self.config = shard, config
     self.size, self.dtype = params.shape[-1], params.dtype
-    self.counts = {"received": 0, "calls": 0, "rejected_malformed": 0, "global_updates": 0}
+    self.counts = ShardCounts()
     self.since_checkpoint = self.num_checkpoints = 0
     self.restored_updates = -1
     server = config.spec.server(config.num_workers)
@@ -67,7 +69,7 @@ class ServerShard:
       order (from a ring: ``(None, alphas[n])``, the slices written into its reply rows). A
       malformed message, or one from an unknown worker, is counted and never applied.
     """
-    self.counts["calls"] += 1
+    self.counts.calls += 1
     rows = messages if isinstance(messages, channel.Rows) else None
     if rows is not None and not self.rings.valid(rows):
       return self._reject(rows.count if isinstance(rows.count, int) and rows.count > 0 else 1)
@@ -90,7 +92,7 @@ class ServerShard:
       or not 0 <= int(worker) < self.config.num_workers
     ):
       return self._reject(k)
-    self.counts["received"] += k
+    self.counts.received += k
     # The ring's rows are read (and the fold applied) before the reply, which frees them.
     blocks: list[tuple[np.ndarray, np.ndarray]] = []
     for a in range(0, k, self.block):
@@ -106,7 +108,7 @@ class ServerShard:
     # Copies, the reply's own (the device buffers are reused by the next call).
     params, alphas = (np.concatenate(part) for part in zip(*blocks, strict=True))
     n = len(alphas)
-    self.counts["global_updates"] += n
+    self.counts.global_updates += n
     self.since_checkpoint += n
     if self._manager is not None and self.since_checkpoint >= self.config.checkpoint_every:
       self.checkpoint()
@@ -117,8 +119,8 @@ class ServerShard:
 
   def _reject(self, count: int) -> None:
     """Counts ``count`` malformed messages, received and never applied."""
-    self.counts["received"] += count
-    self.counts["rejected_malformed"] += count
+    self.counts.received += count
+    self.counts.rejected_malformed += count
 
   def _open_checkpoints(self) -> None:
     import orbax.checkpoint as ocp
@@ -132,13 +134,13 @@ class ServerShard:
     payload = shard_checkpoints.restore(self._manager, checkpoint_dir, self.shard, target)
     if payload is not None:
       self.state = _own(payload["state"])
-      self.counts["global_updates"] = self.restored_updates = int(payload["updates"])
+      self.counts.global_updates = self.restored_updates = int(payload["updates"])
 
   def checkpoint(self) -> None:
     """Saves the state now (also called by the driver on a clean stop)."""
     if self._manager is None:
       return
-    updates = self.counts["global_updates"]
+    updates = self.counts.global_updates
     if self._manager.latest_step() != updates:
       payload = {"state": self.state, "updates": np.asarray(updates, np.int64)}
       shard_checkpoints.save(self._manager, updates, payload)
@@ -147,10 +149,10 @@ class ServerShard:
 
   def params(self) -> tuple[np.ndarray, int]:
     """The global slice x~ and the number of global updates so far."""
-    return np.array(self.state.params), self.counts["global_updates"]
+    return np.array(self.state.params), self.counts.global_updates
 
   def stats(self) -> ShardStats:
-    """Its counters (:class:`~optax_lena._src.aladdin.ray.config.ShardStats`)."""
+    """Its counters (:class:`~optax_lena._src.aladdin.ray.records.ShardStats`)."""
     import ray
 
     context = ray.get_runtime_context()
@@ -159,7 +161,7 @@ class ServerShard:
       pid=os.getpid(),
       nice=os.nice(0),
       threads_limited=self.threads_limited,
-      **self.counts,
+      **dataclasses.asdict(self.counts),
       rejected_by_server=int(getattr(self.state, "num_rejected", 0)),
       checkpoints=self.num_checkpoints,
       restored_updates=self.restored_updates,

@@ -14,12 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from optax_lena._src import checkpoint_digest as digest
+from optax_lena._src.aladdin.ray.errors import CheckpointError
 
 log = logging.getLogger("optax_lena.aladdin")
-
-
-class CheckpointError(ValueError):
-  """The shards' checkpoints cannot be resumed; the message names the directory to delete."""
 
 
 def shard_dir(checkpoint_dir: str | os.PathLike, shard: int) -> Path:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from optax_lena._src.aladdin.ray.config import Interrupted
+from optax_lena._src.aladdin.ray.errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
