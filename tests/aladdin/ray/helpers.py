@@ -48,6 +48,22 @@ def poisoned_batches(worker: int, seed: int) -> Iterator[tuple[np.ndarray, np.nd
     yield (x * np.nan, y) if worker == 1 else (x, y)
 
 
+def slow_restart_then_hang(
+  worker: int, seed: int, *, pause: float, hang_flag: str
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Fault injection from the task's side: :func:`batches`, except that a worker restarted by
+  Ray (the seed of its first restart, ``seed % 1000 == 17``) takes ``pause`` seconds more to
+  start, and that while the file ``hang_flag`` exists no batch comes (a hung worker)."""
+  import time
+
+  if seed % 1000 == 17:
+    time.sleep(pause)
+  for batch in batches(worker, seed):
+    while os.path.exists(hang_flag):
+      time.sleep(0.5)
+    yield batch
+
+
 LR = 0.02  # momentum 0.9 on this problem: stable with the replies' delay on a loaded machine
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import doctest
+import functools
 import glob
 import json
 import math
@@ -41,11 +43,6 @@ from tests.aladdin.ray import helpers  # noqa: E402
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray_runtime")]
 
 TEST_SECONDS = 300  # alarm per test: a hung Ray call fails the test instead of the CI job
-# The kill tests' stall timeout. Ray restarts a killed actor in a fresh process that imports JAX
-# and restores its state before any worker can progress again; on 2 cores under load that took
-# over the runtime's default 30 s once (load average 5-7), and ClusterLostError ended the run.
-# Stall detection itself is tested with its own short timeout (driver.py, stall_timeout=5).
-RESTART_STALL_SECONDS = 120.0
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +191,7 @@ def test_killed_worker_restarts_from_the_global_model_while_others_continue(
   cluster: tuple[str, set[int]],
 ) -> None:
   config = _config(chunk_seconds=0.2)
-  with ad.Runtime(helpers.make_task(), config, stall_timeout=RESTART_STALL_SECONDS) as runtime:
+  with ad.Runtime(helpers.make_task(), config) as runtime:
     kill = helpers.When(
       lambda: runtime.shard_stats()[0].global_updates >= 10,
       lambda: ray.kill(runtime.workers[0], no_restart=False),
@@ -213,7 +210,7 @@ def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
   cluster: tuple[str, set[int]], tmp_path: Path
 ) -> None:
   config = _config(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5)
-  with ad.Runtime(helpers.make_task(), config, stall_timeout=RESTART_STALL_SECONDS) as runtime:
+  with ad.Runtime(helpers.make_task(), config) as runtime:
     updates: list[int] = []
 
     def due() -> bool:
@@ -230,6 +227,39 @@ def test_killed_shard_restores_its_checkpoint_and_the_run_continues(
   assert stats.restored_updates >= 5
   assert stats.global_updates > stats.restored_updates
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(result.final_params))
+
+
+def test_a_restart_pauses_the_stall_clock_and_a_hung_worker_is_still_a_stall(
+  cluster: tuple[str, set[int]], tmp_path: Path
+) -> None:
+  """One worker, so that nothing progresses while Ray restarts it: its restart takes the stall
+  timeout and 6 s more (JAX's import and compilation aside), and the run goes on. Then the
+  worker hangs (no batch comes) while every actor is alive: ClusterLostError within the stall
+  timeout and the clock's polling."""
+  stall, flag = 5.0, tmp_path / "hang"
+  batches = functools.partial(helpers.slow_restart_then_hang, pause=stall + 6, hang_flag=str(flag))
+  config = _config(num_workers=1, chunk_seconds=0.2)
+  with ad.Runtime(helpers.make_task(batches), config, stall_timeout=stall) as runtime:
+    restarted: list[float] = []
+
+    def kill_and_time_the_restart() -> None:
+      ray.kill(runtime.workers[0], no_restart=False)
+      ray.get(runtime.workers[0].info.remote())  # answered by the new incarnation
+      restarted.append(time.time())
+
+    kill = helpers.When(
+      lambda: runtime.shard_stats()[0].global_updates >= 5, kill_and_time_the_restart
+    )
+    first = runtime.run(6.0, progress=False)  # no ClusterLostError
+    kill.thread.join(timeout=120)
+    assert kill.at is not None and kill.error is None and restarted
+    assert restarted[0] - kill.at > stall + 6  # the clock paused for longer than its timeout
+    assert first.workers[0].incarnation == 1 and first.workers[0].start_updates >= 5
+    flag.touch()
+    t0 = time.time()
+    with pytest.raises(ad.ClusterLostError, match="no answer, and no worker reported progress"):
+      runtime.run(120.0, progress=False)
+    assert time.time() - t0 < stall + 20  # the timeout, its polling and a loaded machine
 
 
 def test_stopped_run_resumes_from_its_checkpoint(
@@ -287,6 +317,44 @@ def test_deterministic_aladdin_is_the_in_process_algorithm_bit_for_bit(
   assert result.iterations == [rounds] * n
   assert [m - (p is not None) for m, p in zip(result.merges, pending, strict=True)] == merges
   assert helpers.held_out_loss(result.final_params) < helpers.held_out_loss(helpers.init_params())
+
+
+def test_a_new_algorithm_with_a_topology_of_its_own_runs_on_the_runtime(
+  cluster: tuple[str, set[int]],
+) -> None:
+  """``tests/aladdin/test_new_algorithm.py``'s periodic averaging, added through public names
+  only (its spec, its averaging actor, its iteration naming ``ad.Rounds``; no shard): the
+  deterministic schedule runs its workers together (its barrier) and its global model is the
+  float64 NumPy reference's."""
+  import optax
+
+  from tests.aladdin import test_new_algorithm as new
+
+  ray.cloudpickle.register_pickle_by_value(new)  # the actors cannot import the test module
+  n, rounds, every, lr = 2, 7, 3, 0.05
+  with new.periodic_averaging_registered():
+    spec = al.algorithm("periodic_averaging", worker_tx=optax.sgd(lr), every=every)
+    config = ad.Config(algorithm=spec, num_workers=n, deterministic=True)
+    with ad.Runtime(helpers.make_task(), config) as runtime:
+      assert runtime.shards == [] and len(runtime.peers) == 1
+      result = runtime.run(iterations=rounds, progress=False)
+  expected = new.periodic_averaging_reference(
+    helpers.batches, helpers.init_params(), n, rounds, every, lr
+  )
+  for key in expected:
+    np.testing.assert_allclose(result.final_params[key], expected[key], rtol=2e-5, atol=1e-6)
+  assert result.iterations == [rounds] * n and result.merges == [rounds // every] * n
+  assert result.shards == [] and np.abs(expected["w"]).max() > 0.05
+
+
+def test_the_runtime_docstring_example_runs(cluster: tuple[str, set[int]]) -> None:
+  """``ad.Runtime``'s ``Examples:`` section, marked to skip elsewhere (it needs a cluster)."""
+  (test,) = [t for t in doctest.DocTestFinder().find(ad.Runtime, globs={}) if t.examples]
+  for example in test.examples:
+    example.options.pop(doctest.SKIP, None)
+  runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+  runner.run(test)
+  assert runner.failures == 0 and runner.tries >= 8
 
 
 @pytest.mark.parametrize("name", ["ar_sgd", "asp", "easgd", "sgp"])
