@@ -42,10 +42,20 @@ class Stats:
     """
     return cls(iterations=1, compute_s=compute_s, sleep_s=sleep_s, wait_s=wait_s)
 
+  def __iadd__(self, other: Stats) -> Stats:
+    # Field by field, written out: a worker adds one record per iteration.
+    self.iterations += other.iterations
+    self.compute_s += other.compute_s
+    self.sleep_s += other.sleep_s
+    self.wait_s += other.wait_s
+    self.busy_s += other.busy_s
+    self.merges += other.merges
+    return self
+
   def __add__(self, other: Stats) -> Stats:
-    return Stats(
-      *(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(Stats))
-    )
+    total = dataclasses.replace(self)
+    total += other
+    return total
 
 
 @dataclasses.dataclass
