@@ -147,6 +147,18 @@ def processes_since(marker: str, before: set[int]) -> list[Any]:
   return session_processes(marker) + new_workers
 
 
+def processes_of_user(uid: int) -> list[Any]:
+  """Every live process of ``uid`` (a test's own unprivileged user)."""
+  import psutil
+
+  found = []
+  for proc in psutil.process_iter(["uids"]):
+    with contextlib.suppress(psutil.Error, TypeError):
+      if proc.info["uids"].real == uid:
+        found.append(proc)
+  return found
+
+
 def ray_processes_of(root_pid: int) -> list[Any]:
   """The descendants of ``root_pid`` (a driver that started a local Ray cluster)."""
   import psutil
@@ -181,6 +193,39 @@ def kill_all(processes: list[Any]) -> None:
   for proc in processes:
     with contextlib.suppress(Exception):
       os.kill(proc.pid, signal.SIGKILL)
+
+
+# Unprivileged local users of the security tests (root hands them directories; no account
+# needed).
+RUNNER_UID, OTHER_UID = 50001, 50002
+
+
+def run_as(uid: int, code: str, home: str, timeout: float = 600.0, **popen: Any) -> Any:
+  """Starts ``code`` in a fresh interpreter as the unprivileged user ``uid`` (needs root) and
+  returns the ``subprocess.Popen``: the system interpreter of this Python's version (this one
+  may live where other users cannot read), this environment's packages and the repository on
+  its ``PYTHONPATH``, ``home`` as its ``HOME``."""
+  import shutil
+  import subprocess
+  import sys
+  import sysconfig
+
+  version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+  python = shutil.which(version, path="/usr/bin:/bin:/usr/local/bin") or sys.executable
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  paths = {
+    os.path.dirname(root),
+    sysconfig.get_paths()["purelib"],
+    sysconfig.get_paths()["platlib"],
+  }
+  env = {"PATH": "/usr/bin:/bin", "HOME": home, "PYTHONPATH": ":".join(sorted(paths))}
+
+  def demote() -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+  return subprocess.Popen([python, "-c", code], env=env, preexec_fn=demote, text=True, **popen)
 
 
 class When:

@@ -24,6 +24,7 @@ class RuntimeCluster:
     get: the runtime's ``get(refs, timeout)`` (signals and stalls noticed while it waits).
     threads: XLA's intra-op threads of every actor (None: XLA's default).
     shard_nice: the shards' ``os.nice``.
+    resume: the checkpoint generation each shard resumes from (None: a fresh run).
   """
 
   def __init__(
@@ -34,10 +35,11 @@ class RuntimeCluster:
     get: Callable[[Any, float | None], Any],
     threads: int | None,
     shard_nice: int,
+    resume: list[int] | None = None,
   ):
     self.config, self.layout = config, layout
     self._init_params, self._get = init_params, get
-    self._threads, self._shard_nice = threads, shard_nice
+    self._threads, self._shard_nice, self._resume = threads, shard_nice, resume
     self._workers: list[Any] = []
     self._shards: list[Any] = []
     self._peers: list[Any] = []
@@ -68,8 +70,10 @@ class RuntimeCluster:
       return self._shards
     shard_cls = ray.remote(ServerShard).options(**bootstrap.actor_options(self.config, "server"))
     params = self.layout.to_vector(self._init_params)
+    none: list[int | None] = [None] * self.config.ps_shards
+    resume = none if self._resume is None else list(self._resume)
     self._shards = [
-      shard_cls.remote(k, part, self.config, self._threads, self._shard_nice)
+      shard_cls.remote(k, part, self.config, self._threads, self._shard_nice, resume[k])
       for k, part in enumerate(self.layout.split(params))
     ]
     self.started += self._shards

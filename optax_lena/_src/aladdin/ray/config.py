@@ -92,6 +92,26 @@ def _positive(name: str, value: Any, integer: bool = False, zero: bool = False) 
     raise ValueError(f"Config: {name} must be {kind} {'>= 0' if zero else '> 0'}, got {value!r}.")
 
 
+def _check_checkpoint_dir(path: str, num_shards: int) -> None:
+  """Refuses a ``checkpoint_dir`` that cannot be a directory of the shards' directories: a
+  file there or at ``shard_<k>``, or no directory to make it in (the runtime then makes them and
+  writes a probe in each, before any actor starts)."""
+  for target in [path, *(os.path.join(path, f"shard_{k}") for k in range(num_shards))]:
+    if os.path.lexists(target) and not os.path.isdir(target):
+      raise ValueError(
+        f"Config: checkpoint_dir={path!r} cannot hold the shards' checkpoints: {target} exists "
+        "and is not a directory. Remove it, or give another checkpoint_dir."
+      )
+  parent = os.path.dirname(path)
+  while not os.path.lexists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(
+      f"Config: checkpoint_dir={path!r} cannot be made: {parent} is not a directory. Give a "
+      "path under a directory you can write."
+    )
+
+
 def _resources(name: str, value: Mapping[str, float] | None) -> None:
   if value is None:
     return
@@ -118,8 +138,9 @@ class Config:
       every iteration.
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: none); a run started on
       one that holds checkpoints resumes from them. Made absolute here, on the driver.
-    checkpoint_every: a shard saves after the call that brings its global updates since the
-      last save to this many.
+    checkpoint_every: global updates between checkpoints: once shard 0 has made this many
+      since the last one (read about twice a second), every shard saves the next run-wide
+      generation.
     fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 8
       periods; None: whole periods, as many as its step computes in ``fold_seconds``).
     fold_seconds: the compute time that a default ``fold`` spans.
@@ -236,8 +257,8 @@ class Config:
       isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
     ):
       raise ValueError(f"Config: worker_nice must be None or an int in [0, 19], got {nice!r}.")
-    if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-      raise ValueError(f"Config: seed must be an int, got {self.seed!r}.")
+    if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+      raise ValueError(f"Config: seed must be an int >= 0 (e.g. seed=0), got {self.seed!r}.")
     if (path := self.checkpoint_dir) is not None:
       if not isinstance(path, str | os.PathLike) or not os.fspath(path):
         raise ValueError(
@@ -248,7 +269,9 @@ class Config:
         raise ValueError(
           f"Config: checkpoint_dir needs parameter-server shards; {spec.name!r} has none."
         )
-      object.__setattr__(self, "checkpoint_dir", os.path.abspath(os.fspath(path)))
+      path = os.path.abspath(os.fspath(path))
+      _check_checkpoint_dir(path, self.ps_shards)
+      object.__setattr__(self, "checkpoint_dir", path)
     if not isinstance(self.slowdown, Mapping):
       raise ValueError(
         f"Config: slowdown must map worker indices to factors, got {self.slowdown!r}."

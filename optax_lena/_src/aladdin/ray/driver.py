@@ -53,7 +53,9 @@ class Runtime:
   Raises:
     TypeError: ``task`` or ``config`` is not a :class:`Task` / :class:`Config`.
     ValueError: the model cannot be cut into ``config.ps_shards`` slices.
-    CheckpointError: ``config.checkpoint_dir`` holds checkpoints that cannot be resumed.
+    ValueError: ``config.checkpoint_dir`` cannot be made or written (naming the path).
+    CheckpointError: ``config.checkpoint_dir`` holds checkpoints and one shard has no intact
+      generation left (naming the directory to delete).
     ClusterLostError: the cluster at ``address`` cannot be joined, or the actors never start.
     Interrupted: SIGINT or SIGTERM while starting (everything started is shut down).
 
@@ -113,8 +115,11 @@ class Runtime:
     self.run_name = channel.run_name()  # the workers' shared-memory rings are named after it
     self.rings_removed: dict[str, list[str]] = {}  # by other nodes' ids, at shutdown
     channel.sweep_stale()  # a killed earlier run's, on this node (its workers sweep theirs)
-    if config.checkpoint_dir is not None:  # before any actor: one step for every shard
-      shard_checkpoints.agree(config.checkpoint_dir, config.ps_shards)
+    resume = None
+    if config.checkpoint_dir is not None:  # before any actor: a usable directory, a generation
+      shard_checkpoints.prepare(config.checkpoint_dir, config.ps_shards)
+      resume = shard_checkpoints.agree(config.checkpoint_dir, config.ps_shards)
+    self.checkpoints: shard_checkpoints.CheckpointClock | None = None
     self._closed = False
     self.signals = StopSignals()
     try:
@@ -128,9 +133,13 @@ class Runtime:
       # Lower where the workers pin their step (``docs/ALADDIN-ray.md``, "Cores", says why).
       shard_nice = 10 if cores else 0
       self.cluster = RuntimeCluster(
-        config, self.layout, task.init_params, self._get, threads, shard_nice
+        config, self.layout, task.init_params, self._get, threads, shard_nice, resume
       )
       self.cluster.set_peers(self.iteration.start_peers(self.cluster))
+      if config.checkpoint_dir is not None and self.shards:
+        self.checkpoints = shard_checkpoints.CheckpointClock(
+          self.shards, config.checkpoint_every, max(resume or [0])
+        )
       actors = config.num_workers + len(self.cluster.started)
       setup = WorkerSetup(
         task=task,
@@ -204,9 +213,9 @@ class Runtime:
       # A lost cluster is not asked anything: Ray's calls to a dead GCS (``ray.nodes``,
       # ``ray.kill``) retry for a minute, then Ray's C++ ends the process.
       if ray.is_initialized() and bootstrap.gcs_reachable():
-        if checkpoint and self.config.checkpoint_dir is not None and self.shards:
+        if checkpoint and self.checkpoints is not None:
           with contextlib.suppress(Exception):
-            ray.get([s.checkpoint.remote() for s in self.shards], timeout=30)
+            self.checkpoints.final(timeout=60)
         for actor in self._actors():
           with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
@@ -214,7 +223,7 @@ class Runtime:
           with contextlib.suppress(Exception):
             self.rings_removed = bootstrap.remove_rings_on_other_nodes(self.run_name)
       if ray.is_initialized() and self.owns_cluster:
-        ray.shutdown()
+        bootstrap.disconnect()
       channel.remove_rings(self.run_name)  # this node's
       self.cluster = None
       self.owns_cluster = False
@@ -308,6 +317,8 @@ class Runtime:
     curve_iterations: list[int] = []
 
     def tick(now: float) -> None:
+      if self.checkpoints is not None:
+        self.checkpoints.tick()
       if eval_fn is not None and not config.deterministic and next_eval[0] <= now < deadline:
         curve.append((now - start, float(eval_fn(self.global_params()))))
         curve_iterations.append(done[0])

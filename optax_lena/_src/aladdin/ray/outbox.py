@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from optax_lena._src.aladdin.ray.channel import Ring, Rows
-from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.layout import FlatLayout, Rejected
 from optax_lena._src.aladdin.ray.plan import Plan
 
 
@@ -152,6 +152,8 @@ class Outbox:
   def _done(self, call: int, shard: int, part: Any, future: Any) -> None:
     try:
       reply = future.result()
+      if isinstance(reply, Rejected):
+        raise RuntimeError(f"PS shard {shard} refused the call as malformed: {reply.reason}")
       if reply is not None and reply[0] is None:  # its slices are in the ring's reply rows
         assert self.ring is not None and isinstance(part, Rows)
         reply = (self.ring.replies_of(part, len(reply[1])), reply[1])

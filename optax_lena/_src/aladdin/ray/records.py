@@ -77,10 +77,12 @@ class ShardStats:
       intra-op pool is limited, its Ray node.
     received: messages received (each folded one counted): the accepted ones plus both
       rejection counts; calls: Ray calls.
-    rejected_malformed, rejected_by_server: messages refused as malformed (shape, dtype,
-      sender, ring rows) and by the server state (non-finite).
-    global_updates, checkpoints, restored_updates: updates so far (counted from the restored
-      step), checkpoints saved, the step restored at start (-1: none).
+    rejected_malformed, rejected_by_server: calls refused as malformed (shape, dtype, sender,
+      ring record; one each, whatever they claim to hold) and messages refused by the server
+      state (non-finite).
+    global_updates, checkpoints, restored_updates, restored_generation: updates so far
+      (counted from the restored checkpoint), checkpoints saved, the updates and the generation
+      of the checkpoint restored at start (-1: none).
     restarted: Ray restarted this actor.
   """
 
@@ -95,6 +97,7 @@ class ShardStats:
   rejected_by_server: int
   checkpoints: int
   restored_updates: int
+  restored_generation: int
   restarted: bool
   node_id: str
 
