@@ -1,5 +1,6 @@
 """SIGINT / SIGTERM in the driver: recorded before the handler raises, and checked after every
-wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults", says why)."""
+wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults and security",
+says why)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """When the driver counts its cluster as lost: no progress for the stall timeout, not counting
-the time Ray spends restarting one of the run's actors (``docs/ALADDIN-ray.md``, "Faults").
+the time Ray spends restarting one of the run's actors (``docs/ALADDIN-ray.md``, "Faults and
+security").
 
 A restarted actor is a new process that imports JAX, compiles and restores its checkpoint before
 any worker can progress again; on a loaded machine that outlasts any short timeout. Ray's actor
