@@ -345,7 +345,14 @@ def test_a_run_resumes_after_sigkills_of_the_driver_workers_and_shards(
   round (the driver SIGKILLed once a generation is saved; a shard restarted by Ray is
   ``test_runtime.py``'s); the randomized rounds are slow-marked."""
   log = _kill_rounds(tmp_path / "ckpt", ray_dir, rounds, seed)
+  print("round, victim, slowdown, Ray restarts shard 1, generation resumed:", *log, sep="\n")
   assert len(log) == rounds
+  if seed is not None:  # every kind of victim, with and without a straggler and a restart
+    assert {victim for _, victim, *_ in log} == {"driver", "workers", "shards"}
+    assert {(slowdown, restart) for _, _, slowdown, restart, _ in log} >= {
+      (1.0, False),
+      (3.0, True),
+    }
   assert not (tmp_path / "ckpt" / "damaged").exists()  # kills leave unfinished saves at worst
   _assert_no_process_left(ray_dir)
 

@@ -234,7 +234,8 @@ class Runtime:
   def global_params(self, timeout: float | None = 60) -> PyTree:
     """The global model: the shards' x~ (ALADDIN, ASP, EASGD), worker 0's model (AR-SGD) or
     the average of the workers' de-biased models (SGP)."""
-    assert self.cluster is not None, "the runtime is shut down"
+    if self.cluster is None:
+      raise RuntimeError("The runtime is shut down: read the global model before shutdown().")
     return self.iteration.global_params(self.cluster, timeout)
 
   def shard_stats(self, timeout: float | None = 60) -> list[ShardStats]:
