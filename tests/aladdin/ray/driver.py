@@ -227,22 +227,9 @@ def slow_stop(temp_dir: str) -> int:
     return err.exit_code
 
 
-def _saved_params_sha(checkpoint_dir: str, shard: int, generation: int) -> str | None:
-  """The SHA-256 that the digest of ``generation`` records for shard ``shard``'s x~."""
-  from optax_lena._src import checkpoint_digest as digest
-  from optax_lena._src.aladdin.ray import shard_checkpoints
-
-  step = shard_checkpoints.shard_dir(checkpoint_dir, shard) / str(generation)
-  record, _ = digest.check_files(step)
-  leaves = record["leaves"] if record else []
-  return next((leaf["sha256"] for leaf in leaves if leaf["path"] == "state/params"), None)
-
-
 def resume(
   checkpoint_dir: str, temp_dir: str, seconds: float, slowdown: float, restart: bool
 ) -> int:
-  import hashlib
-
   config = ad.Config(
     algorithm=helpers.spec("aladdin"),
     num_workers=2,
@@ -254,16 +241,10 @@ def resume(
   )
   with _runtime(config, temp_dir, stall_timeout=30) as runtime:
     shards = runtime.shard_stats()
-    slices = runtime.layout.split(runtime.layout.to_vector(runtime.global_params()))
+    bitwise = helpers.restored_bitwise(runtime, checkpoint_dir)
     restored = [
-      {
-        "generation": s.restored_generation,
-        "updates": s.restored_updates,
-        "bitwise": s.restored_generation < 0
-        or hashlib.sha256(np.ascontiguousarray(part).tobytes()).hexdigest()
-        == _saved_params_sha(checkpoint_dir, s.shard, s.restored_generation),
-      }
-      for s, part in zip(shards, slices, strict=True)
+      {"generation": s.restored_generation, "updates": s.restored_updates, "bitwise": same}
+      for s, same in zip(shards, bitwise, strict=True)
     ]
     print("RESUMED", json.dumps(restored), flush=True)
     workers = [w.pid for w in runtime.worker_infos()]

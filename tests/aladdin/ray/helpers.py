@@ -92,6 +92,42 @@ def held_out_loss(params: Any) -> float:
   return float(loss_fn(params, next(batches(99, 99))))
 
 
+def restored_bitwise(runtime: Any, checkpoint_dir: str) -> list[bool]:
+  """Per shard of a runtime that resumed: whether its x~ is, bit for bit, the array that the
+  digest of the generation it restored records (True for a shard that restored none)."""
+  import hashlib
+
+  from optax_lena._src import checkpoint_digest as digest
+  from optax_lena._src.aladdin.ray import shard_checkpoints
+
+  vector = runtime.layout.to_vector(runtime.global_params())
+  same = []
+  for stats, part in zip(runtime.shard_stats(), runtime.layout.split(vector), strict=True):
+    if stats.restored_generation < 0:
+      same.append(True)
+      continue
+    step = shard_checkpoints.shard_dir(checkpoint_dir, stats.shard) / str(stats.restored_generation)
+    record, _ = digest.check_files(step)
+    leaves = record["leaves"] if record else []
+    saved = next((leaf["sha256"] for leaf in leaves if leaf["path"] == "state/params"), None)
+    same.append(hashlib.sha256(np.ascontiguousarray(part).tobytes()).hexdigest() == saved)
+  return same
+
+
+def newest_complete_generation(checkpoint_dir: str) -> int:
+  """The newest generation that some shard finished saving (a digest), -1 if none."""
+  from pathlib import Path
+
+  from optax_lena._src import checkpoint_digest as digest
+
+  done = [
+    int(p.name)
+    for p in Path(checkpoint_dir).glob("shard_*/*")
+    if p.name.isdigit() and (p / digest.DIGEST).exists()
+  ]
+  return max(done, default=-1)
+
+
 def session_processes(marker: str) -> list[Any]:
   """Live processes whose command line mentions ``marker`` (a Ray temp dir is in every Ray
   process's command line: gcs_server, raylet, agents, workers)."""

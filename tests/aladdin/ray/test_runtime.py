@@ -242,6 +242,31 @@ def test_killed_shard_restores_its_checkpoint_and_the_run_resumes_afterwards(
   assert [s.restored_updates for s in resumed] == [s.global_updates for s in first.shards]
 
 
+def test_an_abandoned_run_resumes_one_generation_behind_at_most(
+  cluster: tuple[str, set[int]], tmp_path: Path
+) -> None:
+  """What a SIGKILLed driver leaves (its actors killed, no last round, maybe a save cut off):
+  the next run resumes every shard from one generation, bitwise, at most one behind the newest
+  that a shard finished; so does the one after it, stopped cleanly, from its last round. The
+  SIGKILLs themselves, of drivers, workers and shards, are ``test_processes.py``'s slow test."""
+  ckpt = str(tmp_path / "ckpt")
+  config = _config(ps_shards=2, checkpoint_dir=ckpt, checkpoint_every=5, slowdown={1: 3.0})
+  newest = generation = None
+  for last in (False, False, True):
+    runtime = ad.Runtime(helpers.make_task(), config)
+    try:
+      (generation,) = {s.restored_generation for s in runtime.shard_stats()}  # one for all
+      assert all(helpers.restored_bitwise(runtime, ckpt))
+      if newest is not None:
+        assert generation >= newest - 1, (generation, newest)
+      if not last:
+        runtime.run(2.0, progress=False)
+    finally:
+      runtime.shutdown(checkpoint=last)  # abandoned: no last round
+    newest = helpers.newest_complete_generation(ckpt)
+  assert generation is not None and generation >= 1  # rounds were saved and resumed
+
+
 def test_a_restart_pauses_the_stall_clock_and_a_hung_worker_is_still_a_stall(
   cluster: tuple[str, set[int]], tmp_path: Path
 ) -> None:
