@@ -4,6 +4,12 @@ Parameter-server shards and workers run as Ray actors, for ALADDIN and every bas
 every comparison is on one engine (``docs/ALADDIN-ray.md``, which opens with an example). Needs
 the ``distributed`` extra (``pip install 'optax_lena[distributed]'``: Ray and Orbax); the core
 package never imports Ray.
+
+The entry point is :class:`Runtime` (with a :class:`Task` and a :class:`Config`). A new
+algorithm runs on Ray through the seam: an :class:`Iteration` subclass attached with
+:func:`runs`, given a :class:`Cluster` on the driver and :class:`Links` and a :class:`Local`
+in each worker, naming its scheduler (:class:`AsyncChunks` or :class:`Rounds`) and returning
+:class:`Stats` (``docs/ALADDIN-ray.md``, "Adding an algorithm").
 """
 
 try:
@@ -16,19 +22,14 @@ except ImportError as _err:  # pragma: no cover - depends on the installation
 from optax_lena._src.aladdin import algorithms as _algorithms
 from optax_lena._src.aladdin.ray import channel, cores
 from optax_lena._src.aladdin.ray.bootstrap import connect
-from optax_lena._src.aladdin.ray.config import (
-  ClusterLostError,
-  Config,
-  Interrupted,
-  Plan,
-  RunResult,
-  ShardStats,
-  Task,
-  WorkerInfo,
-)
+from optax_lena._src.aladdin.ray.config import Config, Task
 from optax_lena._src.aladdin.ray.driver import Runtime
-from optax_lena._src.aladdin.ray.iterations import Iteration, runs  # importing attaches Ray's
-from optax_lena._src.aladdin.ray.shard_checkpoints import CheckpointError
+from optax_lena._src.aladdin.ray.errors import CheckpointError, ClusterLostError, Interrupted
+from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.plan import Plan
+from optax_lena._src.aladdin.ray.records import RunResult, ShardStats, Stats, WorkerInfo
+from optax_lena._src.aladdin.ray.schedulers import AsyncChunks, Rounds
+from optax_lena._src.aladdin.ray.seam import Cluster, Iteration, Links, Local, runs
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
@@ -37,15 +38,22 @@ ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
 
 __all__ = [
   "ALGORITHMS",
+  "AsyncChunks",
   "CheckpointError",
+  "Cluster",
   "ClusterLostError",
   "Config",
+  "FlatLayout",
   "Interrupted",
   "Iteration",
+  "Links",
+  "Local",
   "Plan",
+  "Rounds",
   "RunResult",
   "Runtime",
   "ShardStats",
+  "Stats",
   "Task",
   "WorkerInfo",
   "channel",

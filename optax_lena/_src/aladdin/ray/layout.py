@@ -5,6 +5,7 @@ memory-wise sharding; ``docs/ALADDIN-ray.md``, "The wire format").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -77,3 +78,11 @@ class FlatLayout:
 
   def join(self, slices: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(s) for s in slices], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+  """A PS shard's answer to a call it refused as malformed (never applied, counted as one
+  malformed message): ``reason`` says why, so that the sender can stop with it."""
+
+  reason: str

@@ -1,5 +1,6 @@
 """SIGINT / SIGTERM in the driver: recorded before the handler raises, and checked after every
-wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults", says why)."""
+wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults and security",
+says why)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from optax_lena._src.aladdin.ray.config import Interrupted
+from optax_lena._src.aladdin.ray.errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
