@@ -7,7 +7,7 @@ package never imports Ray.
 
 The entry point is :class:`Runtime` (with a :class:`Task` and a :class:`Config`). A new
 algorithm runs on Ray through the seam: an :class:`Iteration` subclass attached with
-:func:`runs`, given a :class:`Cluster` on the driver and :class:`Links` and a :class:`Local`
+:func:`runs`, given a :class:`Driver` on the driver and :class:`Links` and a :class:`Local`
 in each worker, naming its scheduler (:class:`AsyncChunks` or :class:`Rounds`) and returning
 :class:`Stats` (``docs/ALADDIN-ray.md``, "Adding an algorithm").
 """
@@ -29,7 +29,7 @@ from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.plan import Plan
 from optax_lena._src.aladdin.ray.records import RunResult, ShardStats, Stats, WorkerInfo
 from optax_lena._src.aladdin.ray.schedulers import AsyncChunks, Rounds
-from optax_lena._src.aladdin.ray.seam import Cluster, Iteration, Links, Local, runs
+from optax_lena._src.aladdin.ray.seam import Driver, Iteration, Links, Local, runs
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
@@ -40,9 +40,9 @@ __all__ = [
   "ALGORITHMS",
   "AsyncChunks",
   "CheckpointError",
-  "Cluster",
   "ClusterLostError",
   "Config",
+  "Driver",
   "FlatLayout",
   "Interrupted",
   "Iteration",

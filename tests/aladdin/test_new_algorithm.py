@@ -201,17 +201,17 @@ def periodic_averaging_iteration():
     scheduler = ad.Rounds
 
     @staticmethod
-    def start_peers(cluster: ad.Cluster) -> list[Any]:
-      return [cluster.start_meeting(Averager, cluster.config.num_workers)]
+    def start_peers(driver: ad.Driver) -> list[Any]:
+      return [driver.start_meeting(Averager, driver.config.num_workers)]
 
     @staticmethod
     def transport(links: ad.Links) -> AveragerLink:
       return AveragerLink(links.peers[0])
 
     @staticmethod
-    def global_params(cluster: ad.Cluster, timeout: float | None) -> Any:
-      vectors = [cluster.layout.to_vector(m) for m in cluster.worker_params(timeout)]
-      return cluster.layout.to_tree(_mean(dict(enumerate(vectors))))
+    def global_params(driver: ad.Driver, timeout: float | None) -> Any:
+      vectors = [driver.layout.to_vector(m) for m in driver.worker_params(timeout)]
+      return driver.layout.to_tree(_mean(dict(enumerate(vectors))))
 
     def __init__(self, local: ad.Local, spec: PeriodicAveraging):
       super().__init__(local, spec)

@@ -1,5 +1,5 @@
 """The runtime's side of the seam: :class:`RuntimeCluster`, what the driver gives an
-algorithm's iteration (``seam.Cluster``) to start its peers and read the global model."""
+algorithm's iteration (``seam.Driver``) to start its peers and read the global model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ PyTree = Any
 
 
 class RuntimeCluster:
-  """The :class:`~optax_lena._src.aladdin.ray.seam.Cluster` of one run.
+  """The :class:`~optax_lena._src.aladdin.ray.seam.Driver` of one run.
 
   Args:
     config: the run's config.

@@ -1,7 +1,7 @@
 """The driver: :class:`Runtime` starts the actors and waits until they are ready, runs the
 algorithm's schedule, evaluates and checkpoints, and stops or kills everything (also on
 Ctrl-C/SIGTERM). What it does for an algorithm goes through the seam (``Iteration`` and
-``Cluster``): nothing here depends on which algorithm runs."""
+``Driver``): nothing here depends on which algorithm runs."""
 
 from __future__ import annotations
 

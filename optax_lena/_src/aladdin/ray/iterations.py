@@ -25,7 +25,7 @@ from optax_lena._src.aladdin.ray.plan import BLOCK_PERIODS, FOLD_PERIODS, Plan
 from optax_lena._src.aladdin.ray.records import Stats
 from optax_lena._src.aladdin.ray.rendezvous import Mailbox, Reducer
 from optax_lena._src.aladdin.ray.schedulers import Rounds
-from optax_lena._src.aladdin.ray.seam import Cluster, Iteration, Links, Local, runs, timed
+from optax_lena._src.aladdin.ray.seam import Driver, Iteration, Links, Local, runs, timed
 from optax_lena._src.aladdin.server import Reply, all_finite
 
 # ALADDIN's steps dispatched beyond the one whose message it reads, in a run until a deadline
@@ -239,18 +239,18 @@ class ArSgdIteration(Iteration):
     self.apply = jax.jit(program.apply)
 
   @staticmethod
-  def start_peers(cluster: Cluster) -> list[Any]:
-    n, shards = cluster.config.num_workers, cluster.config.ps_shards
-    return [cluster.start_meeting(Reducer, n) for _ in range(shards)]
+  def start_peers(driver: Driver) -> list[Any]:
+    n, shards = driver.config.num_workers, driver.config.ps_shards
+    return [driver.start_meeting(Reducer, n) for _ in range(shards)]
 
   @staticmethod
   def transport(links: Links) -> ReducerLink:
     return ReducerLink(list(links.peers), links.layout)
 
   @staticmethod
-  def global_params(cluster: Cluster, timeout: float | None) -> Any:
+  def global_params(driver: Driver, timeout: float | None) -> Any:
     """Worker 0's model (every worker holds the same)."""
-    return cluster.worker_params(timeout, [0])[0]
+    return driver.worker_params(timeout, [0])[0]
 
   def warm_up(self, batch: Any) -> None:
     (flat, _, _), _ = timed(self.plain, self.local.state, batch)
@@ -310,18 +310,18 @@ class SgpIteration(Iteration):
       raise ValueError("Config: SGP with overlap=0 cannot run the deterministic lockstep.")
 
   @staticmethod
-  def start_peers(cluster: Cluster) -> list[Any]:
-    return [cluster.start_meeting(Mailbox)]
+  def start_peers(driver: Driver) -> list[Any]:
+    return [driver.start_meeting(Mailbox)]
 
   @staticmethod
   def transport(links: Links) -> MailboxLink:
     return MailboxLink(links.peers[0])
 
   @staticmethod
-  def global_params(cluster: Cluster, timeout: float | None) -> Any:
+  def global_params(driver: Driver, timeout: float | None) -> Any:
     """The average of the workers' de-biased models (in float64, on the driver)."""
-    layout = cluster.layout
-    vectors = [layout.to_vector(m) for m in cluster.worker_params(timeout)]
+    layout = driver.layout
+    vectors = [layout.to_vector(m) for m in driver.worker_params(timeout)]
     return layout.to_tree(np.asarray(np.mean(vectors, axis=0, dtype=np.float64)))
 
   def warm_up(self, batch: Any) -> None:

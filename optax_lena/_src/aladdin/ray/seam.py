@@ -1,5 +1,5 @@
 """The seam between the Ray runtime and an algorithm: what an algorithm's iteration is given
-(:class:`Cluster` on the driver; :class:`Links` and :class:`Local` in a worker) and what it
+(:class:`Driver` on the driver; :class:`Links` and :class:`Local` in a worker) and what it
 provides (:class:`Iteration`: its peers, its transport, its schedule, its step), so that an
 algorithm with a topology of its own is added without editing the runtime
 (``docs/ALADDIN-ray.md``, "Adding an algorithm").
@@ -122,7 +122,7 @@ class Links:
   peers: Sequence[Any]
 
 
-class Cluster(Protocol):
+class Driver(Protocol):
   """What the runtime gives an algorithm's driver-side hooks (:meth:`Iteration.start_peers`,
   :meth:`Iteration.global_params`), instead of the runtime itself.
 
@@ -177,7 +177,7 @@ class Iteration:
   """An algorithm's Ray iteration: subclass it and attach it with ``@ad.runs(name)``.
 
   The class-level hooks run on the driver (:meth:`plan` and :meth:`check` when the ``Config``
-  is made, :meth:`start_peers` and :meth:`global_params` with the :class:`Cluster`); an
+  is made, :meth:`start_peers` and :meth:`global_params` with the :class:`Driver`); an
   instance lives in each worker actor (:meth:`transport` makes its link to the peers, then
   :meth:`iterate` runs on ``self.local``, a :class:`Local`, and ``self.spec``). The defaults are
   a PS topology: shards that every worker pushes its messages to, one per call, asynchronous
@@ -211,16 +211,16 @@ class Iteration:
     called when the ``Config`` is made, before any actor starts."""
 
   @staticmethod
-  def start_peers(cluster: Cluster) -> list[Any]:
+  def start_peers(driver: Driver) -> list[Any]:
     """Starts the actors the workers talk to and returns those the workers need (default: the
     PS shards, which every worker reaches through its outbox)."""
-    cluster.start_shards()
+    driver.start_shards()
     return []
 
   @staticmethod
-  def global_params(cluster: Cluster, timeout: float | None) -> PyTree:
+  def global_params(driver: Driver, timeout: float | None) -> PyTree:
     """The global model (default: the shards' x~)."""
-    return cluster.shard_params(timeout)
+    return driver.shard_params(timeout)
 
   # ---- in a worker ------------------------------------------------------------------------
   @staticmethod
