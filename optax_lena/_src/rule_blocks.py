@@ -58,9 +58,36 @@ def scale_by_lena(
     An ``optax.GradientTransformationExtraArgs``; call
     ``update(updates, state, params, grad_stats=stats)``.
 
+  Raises:
+    ValueError: at construction, for an argument outside its domain or an unknown
+      ``grouping``; at ``init``, for a ``grouping`` or ``layer_axes`` that does not fit the
+      parameters; at ``update``, without ``grad_stats`` or with statistics of another S than
+      ``num_samples``.
+    TypeError: ``grad_stats`` that is not a :class:`optax_lena.GradStats`.
+
   References:
     Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
-    Large-Scale DNN Training", WWW 2022.
+    Large-Scale DNN Training", WWW 2022: Eq. 4 (the statistics it reads), Eq. 8 (their moving
+    averages), Eq. 5 (the layer's ratio, without the base rate).
+
+  Examples:
+    With statistics made by hand and ``eps=0``, each leaf's ratio is ``A_k / D_k`` clipped to
+    ``[1, S]``: the bias's 8 / 2 is at the cap S = 4, the kernel's is 10 / 4.
+
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> gbar = {"b": jnp.ones(2), "w": jnp.ones((2, 2))}  # ||gbar||^2: 2 and 4
+    >>> stats = ol.GradStats(  # mean_i ||g_i||^2 of S = 4 per-worker gradients, ||gbar||^2
+    ...   {"b": jnp.float32(8.0), "w": jnp.float32(10.0)}, 4,
+    ...   {"b": jnp.float32(2.0), "w": jnp.float32(4.0)},
+    ... )
+    >>> tx = optax.chain(ol.scale_by_lena(eps=0.0), optax.scale_by_learning_rate(0.1))
+    >>> updates, state = tx.update(gbar, tx.init(gbar), grad_stats=stats)
+    >>> print(state[0].ratio)
+    [4.  2.5]
+    >>> print(updates["b"], updates["w"][0])
+    [-0.4 -0.4] [-0.25 -0.25]
   """
   return scale_by_gain_ratio(
     lena_rule(
@@ -105,9 +132,34 @@ def scale_by_adascale(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    ValueError: at construction, for an argument outside its domain; at ``init``, for a
+      ``layer_axes`` that does not fit the parameters; at ``update``, without ``grad_stats`` or
+      with statistics of another S than ``num_samples``.
+    TypeError: ``grad_stats`` that is not a :class:`optax_lena.GradStats`.
+
   References:
     Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for Distributed
-    Training", ICML 2020.
+    Training", ICML 2020; in the notation of Ko, Lee and Kim, WWW 2022, Eqs. 4, 5 and 8 with
+    one group for the whole model.
+
+  Examples:
+    The same statistics as in :func:`scale_by_lena`, summed over the layers: one ratio,
+    ``R = (8 + 10) / (2 + 4)``, for every leaf.
+
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> gbar = {"b": jnp.ones(2), "w": jnp.ones((2, 2))}  # ||gbar||^2: 2 and 4
+    >>> stats = ol.GradStats(  # mean_i ||g_i||^2 of S = 4 per-worker gradients, ||gbar||^2
+    ...   {"b": jnp.float32(8.0), "w": jnp.float32(10.0)}, 4,
+    ...   {"b": jnp.float32(2.0), "w": jnp.float32(4.0)},
+    ... )
+    >>> rule = ol.scale_by_adascale(beta=1.0, eps=0.0)  # beta = 1: this update's statistics
+    >>> tx = optax.chain(rule, optax.scale_by_learning_rate(0.1))
+    >>> updates, state = tx.update(gbar, tx.init(gbar), grad_stats=stats)
+    >>> print(state[0].global_ratio, state[0].ratio)
+    3.0 [3. 3.]
   """
   return scale_by_gain_ratio(
     adascale_rule(
@@ -150,10 +202,28 @@ def scale_by_linear_scaling(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    ValueError: at construction, for an argument outside its domain; at ``init``, for a
+      ``layer_axes`` that does not fit the parameters; at ``update``, without ``grad_stats`` or
+      with statistics of another S than ``num_samples``.
+    TypeError: ``grad_stats`` that is not a :class:`optax_lena.GradStats`.
+
   References:
     Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017; the
     square-root rule (``power=0.5``): Malladi et al., "On the SDEs and Scaling Rules for
     Adaptive Gradient Algorithms", NeurIPS 2022.
+
+  Examples:
+    S = 4 per-worker gradients: on the square-root rule the updates are doubled.
+
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> gbar = {"w": jnp.ones(3)}
+    >>> stats = ol.GradStats({"w": jnp.float32(6.0)}, 4, {"w": jnp.float32(3.0)})
+    >>> tx = ol.scale_by_linear_scaling(power=0.5)
+    >>> updates, state = tx.update(gbar, tx.init(gbar), grad_stats=stats)
+    >>> print(state.ratio, updates["w"])
+    [4.] [2. 2. 2.]
   """
   return scale_by_gain_ratio(
     linear_scaling_rule(
