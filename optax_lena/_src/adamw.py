@@ -85,10 +85,9 @@ def large_batch_adamw(
     >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.large_batch_adamw(1e-3, ol.adascale_rule(power=0.5), weight_decay=0.05)
     >>> opt_state = tx.init(params)
@@ -185,10 +184,9 @@ def lena_adamw(
     >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.lena_adamw(1e-3, weight_decay=0.05, warmup_threshold=20.0)
     >>> opt_state = tx.init(params)
@@ -260,10 +258,9 @@ def adascale_adamw(
     >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.adascale_adamw(1e-3, weight_decay=0.05)
     >>> opt_state = tx.init(params)
@@ -332,10 +329,9 @@ def linear_scaling_adamw(
     >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.linear_scaling_adamw(1e-3, weight_decay=0.05)
     >>> opt_state = tx.init(params)

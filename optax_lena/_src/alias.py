@@ -94,10 +94,9 @@ def large_batch_sgd(
     >>> import jax.numpy as jnp
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.large_batch_sgd(0.1, ol.lena_rule(eps=0.0), warmup_steps=8)
     >>> opt_state = tx.init(params)
@@ -425,10 +424,9 @@ def lena(
     >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.lena(0.1, weight_decay=5e-4, warmup_threshold=20.0)
     >>> opt_state = tx.init(params)
@@ -504,18 +502,15 @@ def adascale(
 
     >>> import jax
     >>> import jax.numpy as jnp
-    >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.adascale(0.1, weight_decay=5e-4)
     >>> opt_state = tx.init(params)
     >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
-    >>> params = optax.apply_updates(params, updates)
     >>> diag = ol.diagnostics(opt_state, params)
     >>> print(round(float(diag["global_ratio"]), 3))
     1.304
@@ -580,18 +575,15 @@ def linear_scaling(
 
     >>> import jax
     >>> import jax.numpy as jnp
-    >>> import optax
     >>> import optax_lena as ol
     >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
-    >>> def loss_fn(params, batch):
-    ...   return jnp.mean((batch @ params["w"] + params["b"]) ** 2)
-    >>> batches = jax.random.normal(jax.random.key(0), (4, 8, 3))  # S = 4 workers
-    >>> per_worker = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(params, batches)
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
     >>> grads, stats = ol.stacked_grad_stats(per_worker)
     >>> tx = ol.linear_scaling(0.1, warmup_steps=8)
     >>> opt_state = tx.init(params)
     >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
-    >>> params = optax.apply_updates(params, updates)
     >>> lr = ol.diagnostics(opt_state, params)["lr_multiplier"]
     >>> print({name: float(x) for name, x in lr.items()})
     {'b': 2.0, 'w': 2.0}

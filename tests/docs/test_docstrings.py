@@ -213,14 +213,13 @@ def raises_itself(fn: Any) -> bool:
     return False
   definition = ast.parse(source).body[0]
 
+  nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
   def visit(node: ast.AST) -> bool:
-    for child in ast.iter_child_nodes(node):
-      if isinstance(child, ast.Raise):
-        return True
-      if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-        if visit(child):
-          return True
-    return False
+    return any(
+      isinstance(child, ast.Raise) or (not isinstance(child, nested) and visit(child))
+      for child in ast.iter_child_nodes(node)
+    )
 
   return visit(definition)
 
@@ -230,7 +229,7 @@ def own_fields(cls: type) -> bool:
   inherited): those its ``Attributes:`` describe."""
   if getattr(cls, "_fields", ()):
     return True
-  own = cls.__dict__.get("__annotations__", {})
+  own = inspect.get_annotations(cls)
   return dataclasses.is_dataclass(cls) and any(f.name in own for f in dataclasses.fields(cls))
 
 
@@ -323,4 +322,3 @@ def test_examples_run(name: str) -> None:
   for test in tests:
     runner.run(test, out=failures.append)
   assert runner.failures == 0, "".join(failures)
-
