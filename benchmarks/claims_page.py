@@ -101,6 +101,8 @@ def batch_ramp() -> list[Claim]:
   return out
 
 
+# The studies' labels (``benchmarks.aladdin.*.grid.LABELS``), copied so that this module imports
+# no JAX; tests/docs/test_site.py checks that they agree.
 OUTER_LABELS = {
   "ar_sgd": "AR-SGD",
   "plain": "ALADDIN-plain",

@@ -40,145 +40,70 @@ MODULES: tuple[str, ...] = extension("coverage_check").DOCUMENTED_MODULES
 # The package of the Ray runtime: its modules import Ray, and their examples start a cluster.
 RAY_PACKAGES = ("optax_lena._src.aladdin.ray", "optax_lena.aladdin.distributed")
 
-# The public names whose examples the issue asks for: every ready optimizer, statistics function,
-# diagnostic, building block and Flax helper; ALADDIN's algorithm, merge, simulator and Ray
-# runtime entry points.
+
+def functions(module_name: str) -> tuple[str, ...]:
+  """The public functions of a module (its ``__all__`` names that are functions)."""
+  module = importlib.import_module(module_name)
+  return tuple(n for n in module.__all__ if inspect.isfunction(getattr(module, n)))
+
+
+# ALADDIN's functions that implement an algorithm, its paper's or a baseline's: each cites it and
+# gives an example; with the simulator's and the Ray runtime's entry points.
+ALADDIN_ALGORITHMS = {
+  "optax_lena.aladdin": (
+    "algorithm",
+    "ar_sgd_mean",
+    "asp_server",
+    "easgd_server",
+    "local_optimizer",
+    "local_step",
+    "parameter_server",
+    "sgp",
+    "worker_merge",
+  ),
+  "optax_lena.aladdin.simulator": ("calibrated_compute_time", "paper_cluster", "simulate"),
+  "optax_lena.aladdin.distributed": ("Runtime",),
+}
+
+# Examples: every function of optax_lena and optax_lena.flax (the ready optimizers, the
+# statistics, the diagnostics, the building blocks, the Flax helpers) and the classes a user
+# builds; ALADDIN's algorithms and entry points.
 EXAMPLES = {
-  "optax_lena": (
-    "GainRatioRule",
-    "GradStats",
-    "accumulate_grad_stats",
-    "adascale",
-    "adascale_adamw",
-    "adascale_rule",
-    "advise_num_samples",
-    "all_reduce_grad_stats",
-    "diagnostics",
-    "expected_speedup",
-    "fixed_warmup",
-    "flat_diagnostics",
-    "group_by_module",
-    "large_batch_adamw",
-    "large_batch_sgd",
-    "layerwise_warmup",
-    "lena",
-    "lena_adamw",
-    "lena_rule",
-    "linear_scaling",
-    "linear_scaling_adamw",
-    "linear_scaling_rule",
-    "noise_scale",
-    "per_layer_tree",
-    "scale_by_adascale",
-    "scale_by_gain_ratio",
-    "scale_by_learning_rate",
-    "scale_by_lena",
-    "scale_by_linear_scaling",
-    "skip_nonfinite_steps",
-    "stacked_grad_stats",
-  ),
-  "optax_lena.flax": ("TrainState", "layer_axes", "linen_grad_stats", "nnx_grad_stats"),
-  "optax_lena.aladdin": (
-    "algorithm",
-    "ar_sgd_mean",
-    "asp_server",
-    "easgd_server",
-    "local_optimizer",
-    "local_step",
-    "parameter_server",
-    "sgp",
-    "worker_merge",
-  ),
-  "optax_lena.aladdin.simulator": ("calibrated_compute_time", "paper_cluster", "simulate"),
-  "optax_lena.aladdin.distributed": ("Runtime",),
+  "optax_lena": (*functions("optax_lena"), "GainRatioRule", "GradStats"),
+  "optax_lena.flax": (*functions("optax_lena.flax"), "TrainState"),
+  **ALADDIN_ALGORITHMS,
 }
 
-# The names that implement an algorithm of a paper (their docstrings cite it: the paper and,
-# where it numbers them, the equations).
+# References: the names that implement an algorithm of a paper cite it (the paper and, where it
+# numbers them, the equations). In optax_lena every name does but these helpers and states.
+NO_PAPER = (
+  "FixedWarmupState",
+  "ScaleBySampleClockState",
+  "SkipNonFiniteState",
+  "flat_diagnostics",
+  "group_by_module",
+  "per_layer_tree",
+  "skip_nonfinite_steps",
+)
 REFERENCES = {
-  "optax_lena": (
-    "GainRatioRule",
-    "GainRatioState",
-    "GradStats",
-    "LayerwiseWarmupState",
-    "accumulate_grad_stats",
-    "adascale",
-    "adascale_adamw",
-    "adascale_rule",
-    "advise_num_samples",
-    "all_reduce_grad_stats",
-    "diagnostics",
-    "expected_speedup",
-    "fixed_warmup",
-    "large_batch_adamw",
-    "large_batch_sgd",
-    "layerwise_warmup",
-    "lena",
-    "lena_adamw",
-    "lena_rule",
-    "linear_scaling",
-    "linear_scaling_adamw",
-    "linear_scaling_rule",
-    "noise_scale",
-    "scale_by_adascale",
-    "scale_by_gain_ratio",
-    "scale_by_learning_rate",
-    "scale_by_lena",
-    "scale_by_linear_scaling",
-    "stacked_grad_stats",
-  ),
+  "optax_lena": tuple(n for n in optax_lena.__all__ if n not in NO_PAPER),
   "optax_lena.flax": ("linen_grad_stats", "nnx_grad_stats"),
-  "optax_lena.aladdin": (
-    "Aladdin",
-    "ArSgd",
-    "Asp",
-    "Easgd",
-    "Sgp",
-    "algorithm",
-    "ar_sgd_mean",
-    "asp_server",
-    "easgd_server",
-    "local_optimizer",
-    "local_step",
-    "parameter_server",
-    "sgp",
-    "worker_merge",
-  ),
-  "optax_lena.aladdin.simulator": ("calibrated_compute_time", "paper_cluster", "simulate"),
-  "optax_lena.aladdin.distributed": ("Runtime",),
+  **ALADDIN_ALGORITHMS,
 }
+REFERENCES["optax_lena.aladdin"] += ("Aladdin", "ArSgd", "Asp", "Easgd", "Sgp")
 
-# Names whose arguments are checked by helpers they call (no ``raise`` of their own): their
-# ``Raises:`` says what a wrong argument raises.
+# Raises, beyond the functions whose body raises: the names whose arguments are checked by
+# helpers they call. In optax_lena every function is, but three pure formulas, and the two
+# classes a user builds.
+NEVER_RAISE = ("expected_speedup", "group_by_module", "noise_scale")
 RAISES = {
   "optax_lena": (
+    *(n for n in functions("optax_lena") if n not in NEVER_RAISE),
     "GainRatioRule",
-    "accumulate_grad_stats",
-    "adascale",
-    "adascale_adamw",
-    "adascale_rule",
-    "all_reduce_grad_stats",
-    "diagnostics",
-    "fixed_warmup",
-    "flat_diagnostics",
-    "large_batch_adamw",
-    "large_batch_sgd",
-    "lena",
-    "lena_adamw",
-    "lena_rule",
-    "linear_scaling",
-    "linear_scaling_adamw",
-    "linear_scaling_rule",
-    "per_layer_tree",
-    "scale_by_adascale",
-    "scale_by_gain_ratio",
-    "scale_by_lena",
-    "scale_by_linear_scaling",
-    "skip_nonfinite_steps",
+    "GradStats",
   ),
   "optax_lena.flax": ("linen_grad_stats", "nnx_grad_stats"),
 }
-
 
 # Classes with an ``__init__`` of their own that users subclass but never call: the library
 # constructs them (their subclasses' authors read the class's ``Attributes`` and methods).
