@@ -419,24 +419,39 @@ def linen_grad_stats(
     Ko, Lee and Kim, "Not All Layers Are Equal", WWW 2022, Eq. 4 (the statistics).
 
   Examples:
-    A linen ``Dense`` without BatchNorm (its ``batch_stats`` are ``{}``), S = 4 workers:
+    A linen model with BatchNorm, S = 4 workers; each normalises with its own batch, and the
+    new running statistics are their mean over the workers:
 
     >>> import jax
     >>> import jax.numpy as jnp
     >>> import flax.linen as nn
     >>> import optax_lena as ol
     >>> import optax_lena.flax as olf
-    >>> model = nn.Dense(2)
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x, train):
+    ...     return nn.BatchNorm(use_running_average=not train)(nn.Dense(2)(x))
+    >>> class State(olf.TrainState):
+    ...   batch_stats: dict
+    >>> model = Net()
     >>> x = jax.random.normal(jax.random.key(0), (4, 8, 3))  # [S, per-worker batch, features]
-    >>> params = model.init(jax.random.key(1), x[0])["params"]
-    >>> state = olf.TrainState.create(apply_fn=model.apply, params=params, tx=ol.lena(0.1))
+    >>> variables = model.init(jax.random.key(1), x[0], train=False)
+    >>> state = State.create(
+    ...   apply_fn=model.apply, params=variables["params"], tx=ol.lena(0.1),
+    ...   batch_stats=variables["batch_stats"],
+    ... )
     >>> def loss_fn(params, batch_stats, batch, rng):
-    ...   loss = jnp.mean((model.apply({"params": params}, batch) - 1.0) ** 2)
-    ...   return loss, batch_stats
-    >>> loss, grads, stats, batch_stats = olf.linen_grad_stats(loss_fn, state.params, {}, x)
-    >>> state = state.apply_gradients(grads=grads, grad_stats=stats)
-    >>> stats.num_samples, batch_stats
-    (4, {})
+    ...   out, updates = model.apply(
+    ...     {"params": params, "batch_stats": batch_stats}, batch, train=True,
+    ...     mutable=["batch_stats"],
+    ...   )
+    ...   return jnp.mean((out - 1.0) ** 2), updates["batch_stats"]
+    >>> loss, grads, stats, batch_stats = olf.linen_grad_stats(
+    ...   loss_fn, state.params, state.batch_stats, x
+    ... )
+    >>> state = state.apply_gradients(grads=grads, grad_stats=stats, batch_stats=batch_stats)
+    >>> stats.num_samples, jax.tree.map(jnp.shape, state.batch_stats)
+    (4, {'BatchNorm_0': {'mean': (2,), 'var': (2,)}})
   """
   who = "optax_lena.flax.linen_grad_stats"
   num_workers = _num_workers(worker_batches, who)
