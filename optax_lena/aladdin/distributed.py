@@ -32,6 +32,8 @@ from optax_lena._src.aladdin.ray.schedulers import AsyncChunks, Rounds
 from optax_lena._src.aladdin.ray.seam import Driver, Iteration, Links, Local, runs
 from optax_lena._src.aladdin.ray.signals import exit_on_stop_signals
 
+#: The algorithms the Ray runtime runs: those with a Ray iteration when this module is imported
+#: (``al.algorithm(name)`` for each; one attached later with :func:`runs` runs too).
 ALGORITHMS: tuple[str, ...] = _algorithms.engine_names("ray")
 # ``channel`` (the shared-memory rings) and ``cores`` (core claims and thread placement) are the
 # runtime's low-level modules, public for the benchmarks that measure them.

@@ -1,8 +1,10 @@
-"""Where an actor's threads run: the size of XLA's CPU pool, and a worker's step on cores of its
-own, claimed by an exclusive ``flock`` on a per-core lock file (``docs/ALADDIN-ray.md``,
-"Cores"). The lock files live in a directory of the user's own (mode 0700, checked to be theirs
-and not a link) and are opened without following links; any failure to open or lock one means
-only that the core is not claimable (logged).
+"""Where an actor's threads run: XLA's CPU pool and a worker's own cores.
+
+The size of XLA's CPU pool, and a worker's step on cores of its own, claimed by an exclusive
+``flock`` on a per-core lock file (``docs/ALADDIN-ray.md``, "Cores"). The lock files live in a
+directory of the user's own (mode 0700, checked to be theirs and not a link) and are opened
+without following links; any failure to open or lock one means only that the core is not
+claimable (logged).
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ PyTree = Any
 
 
 class Runtime:
-  """Starts the PS shards (or the algorithm's other peers) and the workers on Ray, runs the
+  """Runs an algorithm on Ray, from the start of its actors to their end.
+
+  It starts the PS shards (or the algorithm's other peers) and the workers on Ray, runs the
   training, and tears everything down.
 
   The entry point of the Ray runtime. Use it as a context manager (or call :meth:`shutdown`):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 
 class ClusterLostError(RuntimeError):
-  """The driver lost its Ray cluster: its GCS does not accept connections, or no worker made
-  progress for the runtime's ``stall_timeout`` seconds while no actor was being restarted."""
+  """Raised when the driver has lost its Ray cluster.
+
+  The cluster's GCS does not accept connections, or no worker made progress for the runtime's
+  ``stall_timeout`` seconds while no actor was being restarted."""
 
 
 class CheckpointError(ValueError):

@@ -15,8 +15,10 @@ BLOCK_PERIODS = 4
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """How a worker's messages travel to the PS shards: computed once, on the driver, from the
-  spec (``Iteration.plan(spec)``) and shipped in the ``Config`` to every worker and shard.
+  """How a worker's messages travel to the PS shards.
+
+  Computed once, on the driver, from the spec (``Iteration.plan(spec)``) and shipped in the
+  ``Config`` to every worker and shard.
 
   Attributes:
     period: messages of a worker per reply at most (ALADDIN's period pi; 1 for the others); a

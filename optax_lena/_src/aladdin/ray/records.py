@@ -104,8 +104,9 @@ class ShardStats:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerInfo:
-  """A worker's identity, totals, transport and placement (``Runtime.worker_infos()``,
-  ``RunResult.workers``).
+  """A worker's identity, totals, transport and placement.
+
+  As ``Runtime.worker_infos()`` and ``RunResult.workers`` report it.
 
   Attributes:
     worker, pid, incarnation, start_updates, loss: its index, process, restarts by Ray, the
@@ -145,8 +146,10 @@ class WorkerInfo:
 
 @dataclasses.dataclass
 class RunResult:
-  """What a run measured; it follows ``al.Result``, which describes ``algorithm``, ``samples``,
-  ``throughput``, ``iterations``, ``curve`` and ``final_params``, in wall-clock seconds.
+  """What a run measured, in wall-clock seconds.
+
+  It follows ``al.Result``, which describes ``algorithm``, ``samples``, ``throughput``,
+  ``iterations``, ``curve`` and ``final_params``.
 
   Attributes:
     wall_s: seconds from the first scheduled chunk to the last result.

@@ -25,7 +25,9 @@ class Schedule(Protocol):
 
 
 class AsyncChunks:
-  """Every worker runs chunks of about ``chunk`` seconds until the deadline; one chunk queued
+  """The scheduler of wait-free algorithms: each worker runs timed chunks until the deadline.
+
+  Every worker runs chunks of about ``chunk`` seconds until the deadline; one chunk is queued
   behind the running one, so that a worker never idles between chunks.
 
   Args:
@@ -51,7 +53,9 @@ class AsyncChunks:
 
 
 class Rounds:
-  """Every worker gets the same number of iterations per call (a barrier per iteration cannot
+  """The scheduler of synchronous algorithms: every worker runs the same iterations per call.
+
+  Every worker gets the same number of iterations per call (a barrier per iteration cannot
   end on a clock), adapted so that a round lasts about ``chunk`` seconds; two rounds in flight.
 
   Args:

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol
 
 import jax
@@ -25,35 +25,39 @@ from optax_lena._src.aladdin.ray.schedulers import AsyncChunks, Schedule
 
 PyTree = Any
 
-runs = algorithms.attacher("ray")
-runs.__doc__ = """Attaches a class as the Ray iteration of algorithms (a class decorator).
+_attach_ray = algorithms.attacher("ray")
 
-Args:
-  *targets: algorithm names (``"aladdin"``), or spec classes (``al.Symmetric``: every
-    registered subclass then runs the class).
 
-Returns:
-  A decorator that files the class under each target and returns it unchanged.
+def runs(*targets: str | type) -> Callable[[Any], Any]:
+  """Attaches a class as the Ray iteration of algorithms (a class decorator).
 
-Raises:
-  ValueError: a named algorithm is not registered, or already has a Ray iteration.
+  Args:
+    *targets: algorithm names (``"aladdin"``), or spec classes (``al.Symmetric``: every
+      registered subclass then runs the class).
 
-Examples:
-  >>> import dataclasses
-  >>> from optax_lena import aladdin as al
-  >>> from optax_lena.aladdin import distributed as ad
-  >>> @al.register
-  ... @dataclasses.dataclass(frozen=True, kw_only=True)
-  ... class Alone(al.Spec):
-  ...   name = "alone"
-  >>> @ad.runs("alone")
-  ... class AloneIteration(ad.Iteration):
-  ...   pass
-  >>> import optax
-  >>> ad.Config(algorithm=Alone(worker_tx=optax.sgd(0.1))).plan  # Config finds the iteration
-  Plan(period=1, max_fold=1, block=1)
-  >>> al.unregister("alone")
-"""
+  Returns:
+    A decorator that files the class under each target and returns it unchanged.
+
+  Raises:
+    ValueError: a named algorithm is not registered, or already has a Ray iteration.
+
+  Examples:
+    >>> import dataclasses
+    >>> from optax_lena import aladdin as al
+    >>> from optax_lena.aladdin import distributed as ad
+    >>> @al.register
+    ... @dataclasses.dataclass(frozen=True, kw_only=True)
+    ... class Alone(al.Spec):
+    ...   name = "alone"
+    >>> @ad.runs("alone")
+    ... class AloneIteration(ad.Iteration):
+    ...   pass
+    >>> import optax
+    >>> ad.Config(algorithm=Alone(worker_tx=optax.sgd(0.1))).plan  # Config finds the iteration
+    Plan(period=1, max_fold=1, block=1)
+    >>> al.unregister("alone")
+  """
+  return _attach_ray(*targets)
 
 
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -105,8 +109,9 @@ class Local:
 
 @dataclasses.dataclass(frozen=True)
 class Links:
-  """What a worker holds to reach its peers, from which :meth:`Iteration.transport` makes the
-  iteration's transport.
+  """What a worker holds to reach its peers.
+
+  From it, :meth:`Iteration.transport` makes the iteration's transport.
 
   Attributes:
     index: the worker's index.
@@ -123,8 +128,10 @@ class Links:
 
 
 class Driver(Protocol):
-  """What the runtime gives an algorithm's driver-side hooks (:meth:`Iteration.start_peers`,
-  :meth:`Iteration.global_params`), instead of the runtime itself.
+  """The runtime as an algorithm's driver-side hooks see it.
+
+  What the runtime gives :meth:`Iteration.start_peers` and :meth:`Iteration.global_params`,
+  instead of the runtime itself.
 
   Attributes:
     config: the run's validated :class:`Config` (``config.spec`` is the algorithm's spec).
@@ -190,6 +197,11 @@ class Iteration:
       instead (all workers at once with ``ad.Rounds``).
     plain: the jitted local step without a merge, ``plain(state, batch)`` (timed at start-up
       by :meth:`step_time` where the worker folds its messages).
+
+  Args:
+    local: the worker's program, state, data and transport (the runtime builds it in the
+      worker actor and constructs the iteration; an algorithm subclasses, never calls, this).
+    spec: the algorithm's spec (``al.algorithm(name, ...)``), read by :meth:`iterate`.
   """
 
   scheduler: ClassVar[type[Schedule]] = AsyncChunks

@@ -68,8 +68,10 @@ class StopSignals:
 
 
 def exit_on_stop_signals() -> None:
-  """For programs: SIGTERM raises :class:`Interrupted` like Ctrl-C, so that one ``except
-  KeyboardInterrupt`` handles both and the program can exit with ``exit_code`` (143 / 130)."""
+  """Makes SIGTERM raise :class:`Interrupted`, as Ctrl-C does (for programs).
+
+  Then one ``except KeyboardInterrupt`` handles both and the program can exit with
+  ``exit_code`` (143 / 130)."""
 
   def handle(signum: int, frame: Any) -> None:
     disarm_crash_alarm(signum)
