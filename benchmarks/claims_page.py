@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from benchmarks import claims, harness
+from benchmarks.aladdin.baselines import grid as baselines_grid
+from benchmarks.aladdin.outer_optimizer import grid as outer_grid
 from benchmarks.claims import Claim
 from benchmarks.paired_intervals import Paired, paired_by_seed
 
@@ -101,23 +103,9 @@ def batch_ramp() -> list[Claim]:
   return out
 
 
-# The studies' labels (``benchmarks.aladdin.*.grid.LABELS``), copied so that this module imports
-# no JAX; tests/docs/test_site.py checks that they agree.
-OUTER_LABELS = {
-  "ar_sgd": "AR-SGD",
-  "plain": "ALADDIN-plain",
-  "nesterov": "ALADDIN-Nesterov",
-  "delayed_nesterov": "ALADDIN-delayed-Nesterov",
-  "nesterov_gain1": "ALADDIN-Nesterov-0.1 (post hoc)",
-}
-BASELINE_LABELS = {
-  "ar_sgd": "AR-SGD",
-  "aladdin": "ALADDIN",
-  "sgp": "SGP",
-  "easgd": "EASGD",
-  "asp_momentum": "ASP (momentum 0.9 server)",
-  "asp_plain": "ASP (plain SGD server)",
-}
+# The studies' own labels (their grids import no JAX).
+OUTER_LABELS = outer_grid.LABELS
+BASELINE_LABELS = baselines_grid.LABELS
 CLUSTERS = ("HO", "HE1", "HE2")
 
 
