@@ -25,10 +25,14 @@ log = logging.getLogger("examples.lena.train")
 DIAGNOSTICS = ("lr_multiplier", "gain_ratio", "warmup_end_step")
 
 
-def diagnostics_record(opt_state: optax.OptState, params: Any) -> dict[str, Any]:
+def diagnostics_record(
+  opt_state: optax.OptState, params: Any, layer_axes: Any = None
+) -> dict[str, Any]:
   """Per-layer rate multipliers, ratios and warm-up end steps as ``{layer: value}`` dicts
-  (layers named by their ``/``-joined parameter path, e.g. ``Conv_0/kernel``)."""
-  flat = ol.flat_diagnostics(opt_state, params)
+  (layers named by their ``/``-joined parameter path, e.g. ``Conv_0/kernel``; with the
+  optimizer's ``layer_axes``, a stacked parameter's slices by path and index,
+  ``blocks/Dense_0/kernel/3``)."""
+  flat = ol.flat_diagnostics(opt_state, params, layer_axes=layer_axes)
   out: dict[str, Any] = {k: {} for k in DIAGNOSTICS}
   for key, value in flat.items():
     metric, _, layer = key.partition("/")

@@ -17,11 +17,17 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import optax_lena.flax as olf
+
 ModuleDef = Any
+# The partition name under which nn.scan records the layer axis of PatchTransformer's stacked
+# blocks (MaxText's name for it).
+LAYERS = "layers"
 
 # He-normal with fan_out, as torchvision's ResNets use for their convolutions; it keeps the
 # activations' scale stable through the ReLU stack better than Flax's lecun_normal default.
@@ -231,20 +237,51 @@ class ResNet1D(nn.Module):
     return jnp.asarray(x, jnp.float32)
 
 
+def _unsharded(init: Callable[..., jax.Array]) -> Callable[..., nn.Partitioned]:
+  """``init`` whose parameter carries a partition annotation (every axis unsharded), so that
+  ``nn.scan(..., metadata_params=...)`` can record its layer axis (Flax records it only on
+  annotated parameters); the values are ``init``'s."""
+
+  def boxed(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32) -> nn.Partitioned:
+    return nn.Partitioned(init(key, shape, dtype), names=(None,) * len(shape))
+
+  return boxed
+
+
 class Block(nn.Module):
-  """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+  """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.
+
+  ``annotated``: every parameter carries a partition annotation (:func:`_unsharded`, the same
+  values), which the scanned stack of :class:`PatchTransformer` needs.
+  """
 
   num_heads: int
   mlp_dim: int
   dtype: Any = jnp.float32
+  annotated: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = nn.LayerNorm(dtype=self.dtype)(x)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(y, y)
-    y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = nn.Dense(self.mlp_dim, dtype=self.dtype)(y)
-    return x + nn.Dense(x.shape[-1], dtype=self.dtype)(nn.gelu(y))
+    box = _unsharded if self.annotated else lambda init: init
+    kernel, zeros, ones = (
+      nn.initializers.lecun_normal(),
+      nn.initializers.zeros,
+      nn.initializers.ones,
+    )
+    dense = partial(nn.Dense, dtype=self.dtype, kernel_init=box(kernel), bias_init=box(zeros))
+    norm = partial(nn.LayerNorm, dtype=self.dtype, scale_init=box(ones), bias_init=box(zeros))
+    y = norm()(x)
+    attention = nn.MultiHeadDotProductAttention(
+      num_heads=self.num_heads, dtype=self.dtype, kernel_init=box(kernel), bias_init=box(zeros)
+    )
+    x = x + attention(y, y)
+    y = dense(self.mlp_dim)(norm()(x))
+    return x + dense(x.shape[-1])(nn.gelu(y))
+
+
+def _block_step(block: Block, x: jax.Array, _: None) -> tuple[jax.Array, None]:
+  """One step of ``nn.scan`` over the stacked blocks: ``(carry, slice) -> (carry, output)``."""
+  return block(x), None
 
 
 class PatchTransformer(nn.Module):
@@ -264,6 +301,11 @@ class PatchTransformer(nn.Module):
     num_heads: attention heads (must divide ``width``).
     mlp_dim: hidden units of each block's MLP.
     dtype: computation dtype (parameters stay float32).
+    scan_layers: run the blocks with ``nn.scan`` (one compiled block whatever the depth), their
+      parameters stacked on a leading layer axis of size ``depth`` under ``blocks`` and
+      annotated, so that Flax records the axis as ``"layers"`` in their partition names (read
+      it with ``optax_lena.flax.layer_axes``); :func:`stack_blocks` gives such parameters from
+      the unscanned model's.
   """
 
   num_classes: int = 10
@@ -273,6 +315,7 @@ class PatchTransformer(nn.Module):
   num_heads: int = 2
   mlp_dim: int = 48
   dtype: Any = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -291,11 +334,71 @@ class PatchTransformer(nn.Module):
     h = nn.Dense(self.width, dtype=self.dtype, name="embed")(tokens)
     position = self.param("position", nn.initializers.normal(0.02), h.shape[-2:])
     h = h + position
-    for _ in range(self.depth):
-      h = Block(self.num_heads, self.mlp_dim, dtype=self.dtype)(h)
+    if self.scan_layers:
+      blocks = nn.scan(
+        _block_step,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        length=self.depth,
+        metadata_params={nn.PARTITION_NAME: LAYERS},
+      )
+      block = Block(self.num_heads, self.mlp_dim, dtype=self.dtype, annotated=True, name="blocks")
+      h, _ = blocks(block, h, None)
+    else:
+      for _ in range(self.depth):
+        h = Block(self.num_heads, self.mlp_dim, dtype=self.dtype)(h)
     h = nn.LayerNorm(dtype=self.dtype)(h)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, name="head")(jnp.mean(h, axis=-2))
     return jnp.asarray(logits, jnp.float32)
+
+
+def stack_blocks(params: Any) -> Any:
+  """The parameters of :class:`PatchTransformer` with ``scan_layers=True`` from those of the
+  unscanned model: ``Block_0`` ... ``Block_{depth-1}`` stacked on a new leading axis under
+  ``blocks``, the other entries as they are. The scanned model computes exactly what the
+  unscanned one does with them.
+
+  Args:
+    params: the unscanned model's parameters (``variables["params"]``).
+
+  Returns:
+    The scanned model's parameters, the same leaves' values.
+
+  Raises:
+    ValueError: ``params`` has no ``Block_0`` (not an unscanned :class:`PatchTransformer`).
+  """
+  depth = sum(1 for name in params if name.startswith("Block_"))
+  if depth == 0:
+    raise ValueError(
+      "stack_blocks expects the parameters of an unscanned PatchTransformer (Block_0, ...); "
+      f"got the entries {', '.join(params)}."
+    )
+  blocks = [params[f"Block_{i}"] for i in range(depth)]
+  rest = {name: value for name, value in params.items() if not name.startswith("Block_")}
+  return {"blocks": jax.tree.map(lambda *slices: jnp.stack(slices), *blocks), **rest}
+
+
+def recorded_layer_axes(model: nn.Module, input_shape: Sequence[int]) -> Any:
+  """The ``layer_axes`` that ``model``'s scans record for its stacked parameters.
+
+  Reads, without computing anything (``jax.eval_shape``), the partition names of the
+  parameters that ``model.init`` returns: the axis named :data:`LAYERS` is a parameter's layer
+  axis (``optax_lena.flax.layer_axes``).
+
+  Args:
+    model: a model with scanned blocks (``PatchTransformer(scan_layers=True)``).
+    input_shape: one example's shape (``[40]`` for MNIST-1D).
+
+  Returns:
+    A ``flax.core.FrozenDict`` shaped like the parameters, each leaf's layer axis or None:
+    hashable, so that it can be a field of the optimizer registry's frozen ``Hyperparams``.
+
+  Raises:
+    ValueError: no parameter of ``model`` has a layer axis (an unscanned model).
+  """
+  x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+  boxed = jax.eval_shape(partial(model.init, train=False), jax.random.key(0), x)
+  return flax.core.freeze(olf.layer_axes(boxed["params"], name=LAYERS))
 
 
 def decay_mask(params: Any) -> Any:

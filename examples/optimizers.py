@@ -52,6 +52,12 @@ class Hyperparams:
   gradients then holds k = S b / b0 reference batches (:attr:`scale`), which the entries whose
   ``takes_reference_batch`` is set pass on to ``optax_lena`` (the ratio's cap, LSW's factor,
   the sample clock and the warm-ups count k).
+
+  ``layer_axes`` says which parameters stack several layers, and on which axis (``optax_lena``'s
+  ``layer_axes=``; None: one layer per parameter leaf). The trainer reads it from a model whose
+  blocks are scanned (``scan_layers``) and the entries that build an ``optax_lena`` optimizer
+  pass it on, so that LENA's ratios and warm-ups are per block, as in the unscanned model.
+  Optax's own optimizers ignore it (LARS and LAMB then have one trust ratio per stack).
   """
 
   learning_rate: float  # eta0, the rate at the reference batch (the per-worker batch by default)
@@ -66,6 +72,8 @@ class Hyperparams:
   grouping: str = "leaf"  # LENA's ratios per 'leaf' (the paper) or per 'module'
   per_worker_batch_size: int | None = None  # b, examples per per-worker gradient
   reference_batch_size: int | None = None  # b0 (None: the rate was tuned at the per-worker batch)
+  # A pytree of int | None (hashable, e.g. a flax.core.FrozenDict, as every field) or a callable.
+  layer_axes: Any = None
 
   @property
   def scale(self) -> int:
@@ -240,7 +248,8 @@ def _large_batch(
   alias: Callable[..., optax.GradientTransformation], grouped: bool = False, adamw: bool = False
 ) -> Callable[[Hyperparams], optax.GradientTransformation]:
   """Builder of an ``optax_lena`` alias: the rate on the sample clock t * S (the paper's),
-  either warm-up, the reference batch; ``grouped``: it takes ``grouping=``. Momentum SGD with
+  either warm-up, the reference batch, the layer axes; ``grouped``: it takes ``grouping=``.
+  Momentum SGD with
   coupled weight decay, or with ``adamw`` an AdamW alias: ``momentum`` as b1, the weight decay
   decoupled and on kernels only (``models.decay_mask``), the library's ``power`` (the
   square-root rule), b2 and eps."""
@@ -258,6 +267,7 @@ def _large_batch(
       num_samples=hp.num_samples,
       **hp.warmup_kwargs(),
       **hp.batch_kwargs(),
+      layer_axes=hp.layer_axes,
     )
     if grouped:
       kw["grouping"] = GROUPINGS[hp.grouping]

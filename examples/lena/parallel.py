@@ -170,6 +170,7 @@ class Strategy:
   States live "on the mesh" (replicated over ``mesh``, kernels split over its ``'model'`` axis
   with ``model_parallel > 1``) between steps that the host inspects (evaluation, checkpoints);
   :meth:`to_device` / :meth:`from_device` convert to and from the layout the step wants.
+  ``layer_axes`` (the optimizer's) go to the statistics functions that combine the workers'.
   """
 
   name: ClassVar[str]
@@ -177,7 +178,12 @@ class Strategy:
   supports_explicit: ClassVar[bool] = False
 
   def __init__(
-    self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn, sharding_mode: str = "auto"
+    self,
+    layout: BatchLayout,
+    worker: WorkerFn,
+    update: UpdateFn,
+    sharding_mode: str = "auto",
+    layer_axes: Any = None,
   ):
     if sharding_mode not in SHARDING_MODES:
       raise ConfigError(
@@ -191,6 +197,7 @@ class Strategy:
         "parallel='gspmd' or 'vmap' with model_parallel=1, or sharding_mode='auto'."
       )
     self.layout = layout
+    self.layer_axes = layer_axes
     self.mesh = mesh_lib.make_mesh(layout.num_devices, layout.model_parallel, self.explicit)
     self.devices = list(self.mesh.devices.flat)
     # The workers of this process's devices (all of them on one process).
@@ -250,10 +257,11 @@ class Strategy:
 
 
 def _per_device_step(
-  worker: WorkerFn, update: UpdateFn, packed: bool = False
+  worker: WorkerFn, update: UpdateFn, packed: bool = False, layer_axes: Any = None
 ) -> Callable[[Any, Batch], Any]:
   """The body every device runs under ``pmap`` or ``shard_map`` (batch: ``[K, b, ...]``);
-  ``packed``: all-reduce one flat buffer instead of one per leaf."""
+  ``packed``: all-reduce one flat buffer instead of one per leaf; ``layer_axes``: the
+  optimizer's, for per-slice statistics."""
 
   def step(state: Any, micro_batches: Batch) -> Any:
     grads, stats, aux = worker(state, micro_batches)
@@ -261,7 +269,7 @@ def _per_device_step(
     # Metrics, and BatchNorm statistics: every device normalised with its own micro-batches
     # (as PyTorch DDP does); keep one copy of the running averages by averaging them.
     grads, stats, aux = ol.all_reduce_grad_stats(
-      grads, AXIS, local_stats=stats, packed=packed, aux=aux
+      grads, AXIS, local_stats=stats, packed=packed, aux=aux, layer_axes=layer_axes
     )
     return update(state, grads, stats, aux)
 
@@ -279,7 +287,7 @@ class ShardMap(Strategy):
     # default CNN (benchmarks/multihost). Not with kernels split over 'model' (the buffer would
     # gather them), nor on one process, where the step stays exactly as it was.
     packed = mesh_lib.collectives_over_gloo() and self.layout.model_parallel == 1
-    body = _per_device_step(worker, update, packed)
+    body = _per_device_step(worker, update, packed, self.layer_axes)
 
     def local_step(state: Any, batch: Batch) -> Any:
       # The device's block of the [devices, K, b, ...] batch is [1, K, b, ...].
@@ -316,17 +324,22 @@ class Pmap(Strategy):
   name = "pmap"
 
   def __init__(
-    self, layout: BatchLayout, worker: WorkerFn, update: UpdateFn, sharding_mode: str = "auto"
+    self,
+    layout: BatchLayout,
+    worker: WorkerFn,
+    update: UpdateFn,
+    sharding_mode: str = "auto",
+    layer_axes: Any = None,
   ):
     if jax.process_count() > 1 or layout.model_parallel > 1:
       raise ConfigError(
         "parallel='pmap' runs on one process with replicated parameters; use "
         "parallel=shard_map or gspmd for several processes or model_parallel > 1."
       )
-    super().__init__(layout, worker, update, sharding_mode)
+    super().__init__(layout, worker, update, sharding_mode, layer_axes)
 
   def compile(self, worker: WorkerFn, update: UpdateFn) -> Callable[[Any, Batch], Any]:
-    body = _per_device_step(worker, update)
+    body = _per_device_step(worker, update, layer_axes=self.layer_axes)
     return jax.pmap(body, axis_name=AXIS, devices=self.devices, donate_argnums=(0,))
 
   def to_device(self, state: PyTree) -> PyTree:
@@ -364,7 +377,7 @@ class Gspmd(Strategy):
         # 'batch', and everything after (statistics, optimizer, reductions) is explicit.
         workers_fn = jax.sharding.auto_axes(workers_fn, axes=AXIS, out_sharding=P(AXIS))
       grads, stats, aux = workers_fn(state, batch)
-      grads, stats = ol.stacked_grad_stats(grads, stacked_stats=stats)
+      grads, stats = ol.stacked_grad_stats(grads, stacked_stats=stats, layer_axes=self.layer_axes)
       return update(state, grads, stats, jax.tree.map(lambda x: jnp.mean(x, axis=0), aux))
 
     if self.explicit:
@@ -411,10 +424,17 @@ STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (ShardMap, Pmap, Gsp
 
 
 def create(
-  name: str, layout: BatchLayout, worker: WorkerFn, update: UpdateFn, sharding_mode: str = "auto"
+  name: str,
+  layout: BatchLayout,
+  worker: WorkerFn,
+  update: UpdateFn,
+  sharding_mode: str = "auto",
+  layer_axes: Any = None,
 ) -> Strategy:
   """The strategy ``name`` (``config.parallel``) on ``layout.num_devices`` devices, its mesh's
-  axes ``Auto`` or ``Explicit`` (``config.sharding_mode``; explicit for gspmd and vmap)."""
+  axes ``Auto`` or ``Explicit`` (``config.sharding_mode``; explicit for gspmd and vmap); the
+  workers' statistics combined per slice of the stacked parameters with ``layer_axes`` (the
+  optimizer's; None: per leaf)."""
   if name not in STRATEGIES:
     raise ConfigError(f"Unknown parallel {name!r}; valid parallels: {', '.join(STRATEGIES)}.")
-  return STRATEGIES[name](layout, worker, update, sharding_mode)
+  return STRATEGIES[name](layout, worker, update, sharding_mode, layer_axes)

@@ -74,16 +74,34 @@ class TrainState:
 
 
 def create_model(config: Config, num_classes: int) -> flax.linen.Module:
-  """The model of ``config.model``; ``config.width`` sets its channels (0 = default)."""
+  """The model of ``config.model``; ``config.width`` sets its channels (0 = default),
+  ``config.depth`` its blocks (0 = default), ``config.scan_layers`` scans them."""
   kw: dict[str, Any] = {"dtype": DTYPES[config.dtype]}
   if config.width > 0:
     kw["features" if config.model.lower() == "cnn1d" else "width"] = config.width
+  if config.depth > 0:
+    kw["depth"] = config.depth
+  if config.scan_layers:
+    kw["scan_layers"] = True
   return models.create_model(config.model, num_classes, **kw)
 
 
-def hyperparams(config: Config, num_samples: int, total_steps: int) -> optimizers.Hyperparams:
+def layer_axes(config: Config, model: flax.linen.Module, input_shape: Sequence[int]) -> Any:
+  """The run's ``layer_axes`` (the one place that decides them, for the optimizer, the
+  statistics and the diagnostics): those the model records for its scanned blocks (each
+  block's slice a layer), None (one layer per parameter leaf) for an unscanned model or with
+  ``config.layer_axes == 'none'``."""
+  if not config.scan_layers or config.layer_axes == "none":
+    return None
+  return models.recorded_layer_axes(model, input_shape)
+
+
+def hyperparams(
+  config: Config, num_samples: int, total_steps: int, layer_axes: Any = None
+) -> optimizers.Hyperparams:
   """What the registry's builders know of the run: ``config``'s optimizer fields, S, the run
-  length, the per-worker batch and ``reference_batch_size`` (0: none, i.e. k = S).
+  length, the per-worker batch, ``reference_batch_size`` (0: none, i.e. k = S) and the model's
+  ``layer_axes`` (:func:`layer_axes`).
 
   ``warmup='default'`` is the entry's paper warm-up. Warm-up lengths are fractions of
   T1 = ``total_steps x k``, the reference-batch iterations of the same epoch budget (the
@@ -109,20 +127,21 @@ def hyperparams(config: Config, num_samples: int, total_steps: int) -> optimizer
     grouping=config.grouping,
     per_worker_batch_size=config.per_worker_batch if reference else None,
     reference_batch_size=reference or None,
+    layer_axes=layer_axes,
   )
 
 
 def create_optimizer(
-  config: Config, num_samples: int, total_steps: int
+  config: Config, num_samples: int, total_steps: int, layer_axes: Any = None
 ) -> optax.GradientTransformationExtraArgs:
   """The registry's ``config.optimizer`` built from :func:`hyperparams`: the run's rate
-  schedule, warm-up and reference batch.
+  schedule, warm-up, reference batch and layer axes.
 
   Raises:
     ConfigError: a warm-up or a reference batch the optimizer does not take, or a reference
       batch that does not divide the global batch (the message names the fix).
   """
-  return _build(config, hyperparams(config, num_samples, total_steps))
+  return _build(config, hyperparams(config, num_samples, total_steps, layer_axes))
 
 
 @functools.cache
@@ -138,9 +157,12 @@ def create_train_state(
   tx: optax.GradientTransformation,
   input_shape: Sequence[int],
 ) -> TrainState:
-  """Parameters, BatchNorm statistics and optimizer state at step 0 (default device)."""
-  variables = _jitted_init(model)(rng, jnp.zeros((1, *input_shape), jnp.float32))
-  params = variables["params"]
+  """Parameters, BatchNorm statistics and optimizer state at step 0 (default device); a model
+  that scans its blocks starts from the unscanned model's, stacked (same seed, same numbers)."""
+  scanned = getattr(model, "scan_layers", False)
+  init_model = model.clone(scan_layers=False) if scanned else model
+  variables = _jitted_init(init_model)(rng, jnp.zeros((1, *input_shape), jnp.float32))
+  params = models.stack_blocks(variables["params"]) if scanned else variables["params"]
   opt_state = jax.jit(tx.init)(params)  # one compiled init instead of many small eager ops
   return TrainState(
     step=jnp.zeros([], jnp.int32),
@@ -172,12 +194,13 @@ def loss_fn(
 
 
 def worker_grads(
-  state: TrainState, micro_batches: Batch, *, model: flax.linen.Module
+  state: TrainState, micro_batches: Batch, *, model: flax.linen.Module, layer_axes: Any = None
 ) -> tuple[PyTree, ol.GradStats, dict[str, Any]]:
-  """One worker's gradient (mean over its ``[K, b, ...]`` micro-batches) and statistics."""
+  """One worker's gradient (mean over its ``[K, b, ...]`` micro-batches) and statistics (per
+  slice of the stacked parameters with ``layer_axes``)."""
   loss = functools.partial(loss_fn, model=model)
   (value, (batch_stats, accuracy)), grads, stats = ol.accumulate_grad_stats(
-    loss, state.params, micro_batches, state.batch_stats, has_aux=True
+    loss, state.params, micro_batches, state.batch_stats, has_aux=True, layer_axes=layer_axes
   )
   return (
     grads,
@@ -289,23 +312,32 @@ def validate_config(config: Config) -> None:
     "eval_split": ("test", "validation"),
     "model": tuple(models.MODELS),  # the names models.create_model accepts
     "damaged_checkpoints": checkpoints.ON_DAMAGE,
+    "layer_axes": ("model", "none"),
   }
   if config.model_parallel < 1:
     raise ConfigError(f"model_parallel must be >= 1, got {config.model_parallel}.")
   for key, valid in choices.items():
     value = getattr(config, key)
     if (value.lower() if key == "model" else value) not in valid:
-      raise ConfigError(f"Unknown {key} {value!r}; valid {key}s: {', '.join(valid)}.")
+      plural = key if key.endswith("s") else f"{key}s"
+      raise ConfigError(f"Unknown {key} {value!r}; valid {plural}: {', '.join(valid)}.")
+  blocks = [f"{k}={getattr(config, k)}" for k in ("depth", "scan_layers") if getattr(config, k)]
+  if blocks and config.model.lower() != "patch_transformer":
+    raise ConfigError(
+      f"model={config.model!r} has no repeated blocks to set ({', '.join(blocks)}): depth and "
+      "scan_layers are model='patch_transformer''s; leave them at 0 / false, or use "
+      "model=patch_transformer."
+    )
   batch_schedule.check_optimizer(batch_schedule.from_config(config), config)
 
 
 def scheduled_hyperparams(
-  config: Config, num_samples: int, schedule: BatchSchedule, plan: Plan
+  config: Config, num_samples: int, schedule: BatchSchedule, plan: Plan, layer_axes: Any = None
 ) -> batch_schedule.ScheduledHyperparams:
   """:func:`hyperparams` for updates of ``num_samples`` per-worker gradients in a run of
   ``plan``: the rate schedule and warm-ups span the run's base steps, times the schedule's
   rate factor at that S (for a fixed S, exactly :func:`hyperparams`' values)."""
-  hp = hyperparams(config, num_samples, plan.updates or 1)
+  hp = hyperparams(config, num_samples, plan.updates or 1, layer_axes)
   return batch_schedule.ScheduledHyperparams(
     **dataclasses.asdict(hp),
     run_base_steps=plan.base_steps,
@@ -331,15 +363,17 @@ def _strategy(
   # One transformation and one compiled step per S of a run, made on first use and kept a while
   # for the process (like the initialiser): a run resumed in the same process, or a ramp that
   # returns to an S, compiles nothing. The registry entry is part of the key: a study may
-  # register another optimizer under the same name.
+  # register another optimizer under the same name. The statistics take the layer axes the
+  # optimizer was built with (hp.layer_axes).
   del entry
   model = create_model(config, num_classes)
   return parallel.create(
     config.parallel,
     layout,
-    functools.partial(worker_grads, model=model),
+    functools.partial(worker_grads, model=model, layer_axes=hp.layer_axes),
     functools.partial(apply_update, tx=_build(config, hp)),
     config.sharding_mode,
+    hp.layer_axes,
   )
 
 
@@ -392,7 +426,10 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
 
   model = create_model(config, data.num_classes)
   entry = optimizers.get(config.optimizer)
-  hp_at = functools.partial(scheduled_hyperparams, config, schedule=schedule, plan=plan)
+  axes = layer_axes(config, model, data.input_shape)
+  hp_at = functools.partial(
+    scheduled_hyperparams, config, schedule=schedule, plan=plan, layer_axes=axes
+  )
   for s in schedule.sizes():  # a warm-up or reference batch the optimizer refuses fails here
     _build(config, hp_at(s))
   if config.reference_batch_size:
@@ -476,7 +513,7 @@ def train_and_evaluate(config: Config, workdir: str | Path) -> TrainState:
       "samples_seen": progress.samples_seen,
     }
     if entry.diagnostics:
-      rec.update(metrics.diagnostics_record(host_state.opt_state, host_state.params))
+      rec.update(metrics.diagnostics_record(host_state.opt_state, host_state.params, axes))
       # Per-worker batches; None where the estimate is not finite.
       rec["critical_batch_size"] = ol.flat_diagnostics(host_state.opt_state).get(
         "critical_batch_size"

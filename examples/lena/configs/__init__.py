@@ -39,9 +39,14 @@ class Config:
   eval_split: str = "test"  # 'test' or 'validation'
 
   # Model.
-  model: str = "cnn1d"  # 'cnn1d' or 'resnet18'
+  model: str = "cnn1d"  # 'cnn1d', 'resnet18', 'resnet1d' or 'patch_transformer'
   width: int = 0  # CNN1D features / ResNet-18 stem width; 0 = the model's default
   dtype: str = "float32"  # computation dtype: 'float32' or 'bfloat16' (parameters stay f32)
+  depth: int = 0  # patch_transformer's blocks; 0 = the model's default (1)
+  # patch_transformer only: its blocks under nn.scan, their parameters stacked on a layer axis
+  # (one compiled block whatever the depth), initialised as the unscanned model's (the same
+  # numbers for the same seed).
+  scan_layers: bool = False
 
   # Optimizer.
   optimizer: str = "lena"  # a name of the registry examples/optimizers.py (sgd, lena, ...)
@@ -61,6 +66,10 @@ class Config:
   warmup_alpha: float = 0.05  # state-aware warm-up: theta = alpha * T1
   warmup_fraction: float = 0.055  # fixed warm-up: W = fraction x single-worker iterations
   grouping: str = "leaf"  # LENA ratios per 'leaf' (the paper) or per 'module'
+  # What a layer is in a scanned stack (scan_layers): 'model' (the layer axes the model
+  # records: each block's slice a layer, as in the unscanned model) or 'none' (one layer per
+  # parameter leaf: one ratio and warm-up per stack, LENA's rule before per-slice statistics).
+  layer_axes: str = "model"
 
   # Batch layout and parallelism.
   per_worker_batch: int = 32

@@ -8,7 +8,8 @@ workers have scale k = S. The rate decays exponentially to 1/100 on the sample c
 trainer's schedule, which Seesaw's ramp halves against) rather than the study's cosine; the
 state-aware warm-up's theta and the fixed warm-up are 5% of the run, as there. Large batch:
 ``--set batch_scale=16``; ramps: ``--set batch_ramp=seesaw --set batch_scale=2`` (see
-benchmarks/batch_ramp/RESULTS.md).
+benchmarks/batch_ramp/RESULTS.md). Deeper, with the blocks scanned and LENA's ratios per block:
+``--set depth=4 --set scan_layers=true`` (``--set layer_axes=none``: one ratio per stack).
 """
 
 from examples.lena.configs import Config
