@@ -144,22 +144,22 @@ def stacked_grad_stats(
 
   def per_leaf(g, axis):
     g32 = g.astype(precision.accumulation_dtype(g.dtype))
-    # One pass over the S slices: a two-output reduction over the worker axis gives the sum
-    # of the gradients and (1/S) sum_i g_i^2, whose sum over the leaf's other axes is the
-    # statistic (1/S) sum_i ||g_i||^2. Reductions, not a reshape to (S, -1): under an
-    # explicit-axis mesh a reshape that merges a sharded axis has no sharding type, while a
-    # reduction has one.
-    total, sq_mean = _sums((g32, jnp.square(g32) * (1.0 / num_stacked)), (0,))
+    # One pass over the S slices: a two-output reduction over the worker axis gives the sums of
+    # g_i and of g_i^2, and (1/S) sum_i ||g_i||^2 = (1/S) sum over elements of sum_i g_i^2.
+    # Reductions, not a reshape to (S, -1): under an explicit-axis mesh a reshape that merges
+    # a sharded axis has no sharding type, while a reduction has one.
+    total, total_sq = _sums((g32, jnp.square(g32)), (0,))
     mean = total / num_stacked
     others = _other_axes(mean.ndim, axis)
     if mean.size < SEPARATE_NORMS_FROM:
-      top, bot = _sums((sq_mean, jnp.square(mean)), others)
+      sq_sum, mean_sq = _sums((total_sq, jnp.square(mean)), others)
     else:
-      top = jnp.sum(sq_mean, axis=others)
-      # ||sum||^2 / S^2 rather than ||sum / S||^2: the reduction then reads the sum as it is,
-      # where a scaled operand would make XLA write the mean (or the scale) to memory first.
-      bot = jnp.sum(jnp.square(total), axis=others) * (1.0 / num_stacked**2)
-    return mean.astype(g.dtype), top, bot
+      sq_sum = jnp.sum(total_sq, axis=others)
+      # ||sum||^2 / S^2 rather than ||sum / S||^2: the reduction reads the sum as it is, where a
+      # scaled operand makes XLA write the mean (or the scale) to memory first. The two differ
+      # only where the squares leave the float32 range (diverged gradients, a skipped step).
+      mean_sq = jnp.sum(jnp.square(total), axis=others) / float(num_stacked**2)
+    return mean.astype(g.dtype), sq_sum / num_stacked, mean_sq
 
   treedef: Any = jax.tree.structure(stacked_grads)
   triples = jax.tree.unflatten(

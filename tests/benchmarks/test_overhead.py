@@ -13,21 +13,32 @@ import optax
 import pytest
 
 from benchmarks import harness
-from benchmarks.overhead import common, data_parallel, report, state_and_compile, trees, update
+from benchmarks.overhead import data_parallel, main, report, state_and_compile, trees, update
 
 
 def test_every_section_runs_and_reports(tmp_path):
   pytest.importorskip("flax")
   pytest.importorskip("matplotlib")
-  devices = jax.devices()[: common.NUM_WORKERS]
+  devices = jax.devices()[:2]  # the sections take any number; fewer run and compile faster
   tree = trees.leaves_tree(4, d_model=8)
-  rows = update.bench_update_only("toy", tree, repeats=2, names=("sgd_momentum", "lena"))
-  rows += update.bench_stacked("toy", tree, repeats=2)
+  scanned, axes = trees.scanned_mlp_shapes(3, 8), trees.scanned_layer_axes
+  names = ("sgd_momentum", "lena")
+  rows = update.bench_update_only("toy", tree, repeats=2, names=names)
+  rows += update.bench_update_only(
+    "toy scanned", scanned, 2, names, layer_axes=axes, target="update_only_scanned"
+  )
+  rows += update.bench_stacked("toy", tree, repeats=2, with_slow_mean=True)
+  rows += update.bench_stacked("toy scanned", scanned, repeats=2, layer_axes=axes)
   rows += data_parallel.bench_dp_step("toy", tree, 2, devices, modes=("shard_map",))  # pmap: in (d)
   rows += data_parallel.bench_train_step("cnn1d", 2, devices, per_device_batch=2)
   memory = state_and_compile.memory_rows({"toy": tree})
   compile_rows = state_and_compile.bench_compile([3])
   assert {r.section.split(".")[0] for r in rows} == {"a", "b", "c", "d"}
+  targets = {(r.tree, r.candidate): r.target for r in rows}
+  assert targets[("toy scanned", "lena")] == "update_only_scanned"
+  assert targets[("toy scanned", "stacked_grad_stats+lena")] == "stacked"
+  assert {r.baseline for r in rows if r.section.startswith("b")} == {update.BASELINE}
+  assert ("toy", update.SLOW_BASELINE) in targets  # the jnp.mean baseline, for context
   assert {"pmean+local_sq_norms+sgd_momentum", "pmean+mean_sq_norms+sgd_momentum"} <= {
     r.candidate for r in rows
   }  # the profile of the statistics' two passes
@@ -51,7 +62,11 @@ def test_every_section_runs_and_reports(tmp_path):
   assert json.loads((tmp_path / "overhead.json").read_text())["targets"] == json.loads(
     json.dumps(result["targets"])
   )
-  assert "| update only" in (tmp_path / "overhead.md").read_text()
+  markdown = (tmp_path / "overhead.md").read_text()
+  assert "| update only" in markdown and "sum of the slices / S" in markdown
+  (tmp_path / "overhead.md").unlink()
+  main.rebuild_reports(str(tmp_path))  # --report_only
+  assert (tmp_path / "overhead.md").read_text() == markdown
 
 
 def test_kernel_counts_tell_distinct_kernels_apart():
