@@ -1,1 +1,2 @@
-"""Benchmarks of optax_lena (run as modules, e.g. ``python -m benchmarks.overhead``)."""
+"""The studies and benchmarks of optax_lena, one folder each, all run by ``benchmarks/driver.py``
+(``python -m benchmarks.<study>``; the index: ``benchmarks/README.md``)."""

@@ -420,7 +420,8 @@ def resnet() -> list[Claim]:
 
 
 def _resnet_equal_tuning() -> list[Claim]:
-  """Test accuracy at each method's rate chosen on the validation draw (equal_tuning.py)."""
+  """Test accuracy at each method's rate chosen on the validation draw (the ResNet1D study's
+  equal-tuning setup)."""
   path = ROOT / "large_batch_resnet" / "results" / "equal_tuning" / "summary.json"
   if not path.exists():
     return []

@@ -1,23 +1,21 @@
-"""The kit every study and benchmark of ``benchmarks/`` runs on.
+"""The kit the studies and benchmarks of ``benchmarks/`` share beside the driver
+(``benchmarks/driver.py``): process set-up, result files and report cells.
 
 Process set-up (call before anything imports jax):
 
 * :func:`force_host_devices`: simulated CPU devices (``--xla_force_host_platform_device_count``).
 * :func:`reexec_with_caching_malloc`: restarts the command with glibc keeping freed memory.
 
-Grids of training runs, resumable and shardable:
+Result files:
 
-* :func:`parse_shard` (``"I/N"``) and :func:`shard_of`: N processes share one grid.
-* :func:`is_finished`: the one rule: a run directory is finished when its ``metrics.jsonl``
-  (the trainer's schema, ``"type"`` records read by ``examples.metrics.read_metrics``) holds an
-  evaluation at the ``total_steps`` of its ``config.json``.
-* :func:`run_grid`: trains the unfinished runs of a shard, one progress line per run.
-* :func:`pack_runs` / :func:`unpack_runs`: the raw runs of a study as one ``runs.tar.xz``
-  (unpacked when ``runs/`` is absent).
-* :func:`run_summaries`: the same for studies that keep one JSON summary per run in one file
-  (the simulator's and Ray's): a run is finished when its name is a key of the summaries
-  (:func:`load_summaries`, :func:`summaries_path`, :func:`save_summaries`).
-* :func:`write_text` / :func:`write_json`: atomic writes (a reader never sees half a file).
+* :func:`write_text` / :func:`write_json`: atomic writes (a reader never sees half a file);
+  :func:`recorded`: the commit, date, load and command a result was measured at.
+* Trainer run directories: :func:`is_finished` (the one rule: ``metrics.jsonl``, the trainer's
+  schema read by ``examples.metrics.read_metrics``, holds an evaluation at the ``total_steps``
+  of ``config.json``), :func:`read_config`, :func:`check_same_config`, and
+  :func:`pack_runs` / :func:`unpack_runs` (the raw runs of a study as one ``runs.tar.xz``).
+* Summaries (one JSON summary per cell, by name): :func:`load_summaries`,
+  :func:`save_summaries`.
 
 Reports: :func:`mean_std`, :func:`mean_std_reached`, :func:`markdown_table`,
 :func:`machine_info`.
@@ -31,10 +29,9 @@ import os
 import platform
 import sys
 import tarfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 # ----------------------------------------------------------------------------------------------
 # Process set-up
@@ -105,9 +102,14 @@ def write_text(path: str | Path, text: str) -> Path:
   return path
 
 
+def json_text(obj: Any, indent: int = 1, sort_keys: bool = False) -> str:
+  """``obj`` as the text of a JSON file (a final newline)."""
+  return json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n"
+
+
 def write_json(path: str | Path, obj: Any, indent: int = 1, sort_keys: bool = False) -> Path:
   """Writes ``obj`` as JSON to ``path`` atomically."""
-  return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+  return write_text(path, json_text(obj, indent, sort_keys))
 
 
 def recorded() -> dict[str, Any]:
@@ -138,36 +140,8 @@ def recorded() -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Grids of runs
+# Trainer run directories
 # ----------------------------------------------------------------------------------------------
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-  """``"I/N"`` -> ``(I, N)``: this process runs every N-th run of the grid from the I-th.
-
-  Raises:
-    ValueError: naming the expected form, for anything but ``0 <= I < N``.
-  """
-  index_text, sep, count_text = text.partition("/")
-  try:
-    index, count = int(index_text), int(count_text)
-  except ValueError:
-    index, count = -1, 0
-  if not sep or not 0 <= index < count:
-    raise ValueError(
-      f"--shard {text!r}: expected I/N with 0 <= I < N, e.g. --shard 0/2 and --shard 1/2 for "
-      "two processes."
-    )
-  return index, count
-
-
-T = TypeVar("T")
-
-
-def shard_of(items: Sequence[T], shard: tuple[int, int]) -> list[T]:
-  """The items of ``shard = (I, N)``: every N-th from the I-th."""
-  index, count = shard
-  return list(items[index::count])
 
 
 def read_config(workdir: str | Path) -> dict[str, Any] | None:
@@ -228,16 +202,6 @@ def check_same_config(
     )
 
 
-class NamedRun(Protocol):
-  """A run of a grid: ``name`` is its directory under ``runs/`` and unique in the grid."""
-
-  @property
-  def name(self) -> str: ...
-
-
-R = TypeVar("R", bound=NamedRun)
-
-
 def final_evaluation(workdir: Path) -> str:
   """The default progress text of a finished run: its last evaluation."""
   from examples import metrics
@@ -246,143 +210,26 @@ def final_evaluation(workdir: Path) -> str:
   return f"acc {last['eval_accuracy']:.4f} after {last['iteration']} updates"
 
 
-def run_grid(
-  runs: Sequence[R],
-  train: Callable[[R, Path], object],
-  runs_dir: str | Path,
-  *,
-  shard: tuple[int, int] = (0, 1),
-  config_of: Callable[[R], Mapping[str, Any]] | None = None,
-  ignore: Iterable[str] = (),
-  describe: Callable[[Path], str] = final_evaluation,
-) -> tuple[int, int]:
-  """Trains the unfinished runs of this shard, one progress line per run.
-
-  Every run trains into ``runs_dir/<run.name>``; a finished run (:func:`is_finished`) is
-  skipped, so a grid can be stopped and restarted, and ``shard=(I, N)`` lets N processes share
-  it. The last line is ``Trained T, skipped K in S s.``.
-
-  Args:
-    runs: the grid, in the order it should run.
-    train: ``train(run, workdir)`` trains one run (writing ``config.json`` and
-      ``metrics.jsonl`` there).
-    runs_dir: the directory of the run directories.
-    shard: ``(I, N)`` from :func:`parse_shard`.
-    config_of: ``run -> settings``; when given, :func:`check_same_config` guards every run.
-    ignore: keys of ``config_of``'s settings that may differ on resume.
-    describe: ``workdir -> text`` of a run just trained, for its progress line.
-
-  Returns:
-    ``(trained, skipped)``.
-  """
-
-  def finished(run: R) -> bool:
-    workdir = Path(runs_dir) / run.name
-    if config_of is not None:
-      check_same_config(workdir, config_of(run), ignore)
-    return is_finished(workdir)
-
-  def trained(run: R) -> str:
-    workdir = Path(runs_dir) / run.name
-    train(run, workdir)
-    return describe(workdir)
-
-  return _resumable(shard_of(runs, shard), finished, trained)
+Summaries = dict[str, Any]
 
 
-def _resumable(
-  mine: Sequence[R],
-  finished: Callable[[R], bool],
-  run: Callable[[R], str],
-  limit: int | None = None,
-) -> tuple[int, int]:
-  """The loop of :func:`run_grid` and :func:`run_summaries`: skips the finished runs, runs the
-  others (at most ``limit``), one progress line each and a last ``Trained T, skipped K``."""
-  trained = skipped = 0
-  start = time.perf_counter()
-  for i, item in enumerate(mine, 1):
-    if limit is not None and trained >= limit:
-      break
-    head = f"[{i}/{len(mine)}] {item.name}"
-    if finished(item):
-      skipped += 1
-      print(f"{head}: finished earlier, skipped", flush=True)
-      continue
-    t0 = time.perf_counter()
-    text = run(item)
-    trained += 1
-    now = time.perf_counter()
-    print(f"{head}: {text}, {now - t0:.0f} s (grid {now - start:.0f} s)", flush=True)
-  print(f"Trained {trained}, skipped {skipped} in {time.perf_counter() - start:.0f} s.", flush=True)
-  return trained, skipped
-
-
-SUMMARIES = "runs.json"
-Summaries = dict[str, dict[str, Any]]
-
-
-def summaries_path(out: str | Path, shard: tuple[int, int] = (0, 1)) -> Path:
-  """The summary file a shard writes: ``out/runs.json``, or ``out/runs-I-of-N.json`` when N
-  processes share the grid (each writes its own file; :func:`load_summaries` reads them all)."""
-  index, count = shard
-  return Path(out) / (SUMMARIES if count == 1 else f"runs-{index}-of-{count}.json")
-
-
-def load_summaries(path: str | Path) -> Summaries:
-  """The run summaries of one file, or of every ``runs*.json`` of a study's directory (empty
-  when there is none yet)."""
-  path = Path(path)
-  if not path.is_dir():
-    return json.loads(path.read_text()) if path.exists() else {}
+def load_summaries(out: str | Path, file: str = "runs.json", key: str | None = None) -> Summaries:
+  """The summaries (cell name -> summary) of ``out/file`` and of the shards' files beside it
+  (``runs-I-of-N.json``); empty when there is none yet. With ``key``, each file holds them
+  under that key."""
+  out = Path(out)
+  stem, _, suffix = file.rpartition(".")
   summaries: Summaries = {}
-  for shard_file in sorted(path.glob("runs*.json")):
-    summaries.update(json.loads(shard_file.read_text()))
+  for path in sorted(out.glob(f"{stem}*.{suffix}")):
+    if path.name == file or path.name.startswith(f"{stem}-"):
+      data = json.loads(path.read_text())
+      summaries.update(data if key is None else data.get(key, {}))
   return summaries
 
 
 def save_summaries(path: str | Path, summaries: Mapping[str, Any]) -> Path:
   """Writes the summaries atomically, sorted by name (a resumed study rewrites the same bytes)."""
   return write_json(path, summaries, sort_keys=True)
-
-
-def run_summaries(
-  runs: Sequence[R],
-  summarise: Callable[[R], dict[str, Any]],
-  store: Summaries,
-  save: Callable[[Summaries], object],
-  *,
-  finished: Iterable[str] = (),
-  shard: tuple[int, int] = (0, 1),
-  limit: int | None = None,
-  describe: Callable[[dict[str, Any]], str] = lambda s: f"acc {s['test_accuracy']:.4f}",
-) -> tuple[int, int]:
-  """:func:`run_grid` for runs kept as summaries: runs the unfinished runs of this shard.
-
-  A run is finished when its name is a key of ``store`` or in ``finished`` (the other shards'
-  runs). Each new summary goes into ``store``, which ``save(store)`` writes after every run, so
-  a stopped study resumes. Same progress lines as :func:`run_grid`.
-
-  Args:
-    runs: the grid, in the order it should run.
-    summarise: ``summarise(run) -> summary`` (JSON-serialisable) runs one run.
-    store: this process's summaries (updated in place).
-    save: writes ``store`` (e.g. ``lambda s: save_summaries(path, s)``).
-    finished: names of runs finished elsewhere.
-    shard: ``(I, N)`` from :func:`parse_shard`.
-    limit: run at most this many (the first unfinished ones); None: all.
-    describe: ``summary -> text`` for the progress line.
-
-  Returns:
-    ``(trained, skipped)``.
-  """
-  done = set(finished) | store.keys()
-
-  def run(item: R) -> str:
-    store[item.name] = summarise(item)
-    save(store)
-    return describe(store[item.name])
-
-  return _resumable(shard_of(runs, shard), lambda item: item.name in done, run, limit)
 
 
 ARCHIVE = "runs.tar.xz"

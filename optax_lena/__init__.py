@@ -32,13 +32,11 @@ from optax_lena._src.gain_ratio import (
   adascale_rule,
   lena_rule,
   linear_scaling_rule,
-  scale_by_adascale,
   scale_by_gain_ratio,
-  scale_by_lena,
-  scale_by_linear_scaling,
 )
 from optax_lena._src.grouping import group_by_module
 from optax_lena._src.nonfinite import SkipNonFiniteState, skip_nonfinite_steps
+from optax_lena._src.rule_blocks import scale_by_adascale, scale_by_lena, scale_by_linear_scaling
 from optax_lena._src.schedule import ScaleBySampleClockState, scale_by_learning_rate
 from optax_lena._src.stats import (
   GradStats,

@@ -60,14 +60,24 @@ class TrainState(train_state.TrainState):
   Same fields, ``create`` and pytree behaviour as Flax's (it is a subclass); subclass it to add
   fields, e.g. ``batch_stats: Any``.
 
-  Example::
+  Examples:
+    One LENA update of a linen ``Dense`` from S = 4 per-worker gradients:
 
-    state = optax_lena.flax.TrainState.create(
-      apply_fn=model.apply, params=variables["params"], tx=ol.lena(0.1, warmup_threshold=50.0)
-    )
-    stacked = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0))(state.params, worker_batches)
-    grads, stats = ol.stacked_grad_stats(stacked)
-    state = state.apply_gradients(grads=grads, grad_stats=stats)
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> import optax_lena as ol
+    >>> import optax_lena.flax as olf
+    >>> model = nn.Dense(2)
+    >>> x = jax.random.normal(jax.random.key(0), (4, 8, 3))  # [S, per-worker batch, features]
+    >>> params = model.init(jax.random.key(1), x[0])["params"]
+    >>> state = olf.TrainState.create(apply_fn=model.apply, params=params, tx=ol.lena(0.1))
+    >>> loss_fn = lambda p, x: jnp.mean((model.apply({"params": p}, x) - 1.0) ** 2)
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(state.params, x)
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> state = state.apply_gradients(grads=grads, grad_stats=stats)
+    >>> int(state.step), sorted(ol.diagnostics(state.opt_state, state.params)["gain_ratio"])
+    (1, ['bias', 'kernel'])
   """
 
   def apply_gradients(self, *, grads: PyTree, grad_stats: Any = None, **kwargs: Any) -> Any:
@@ -82,6 +92,9 @@ class TrainState(train_state.TrainState):
 
     Returns:
       The new state, with ``step`` incremented by one.
+
+    Raises:
+      TypeError: ``grad_stats`` that is not a :class:`optax_lena.GradStats`.
     """
     if grad_stats is not None and not isinstance(grad_stats, stats_lib.GradStats):
       raise TypeError(
@@ -124,13 +137,6 @@ def layer_axes(tree: PyTree, name: str = "layers") -> PyTree:
   records it only on parameters that carry partition annotations (``nn.with_partitioning``,
   ``nn.with_logical_partitioning``, ``nnx.with_partitioning``). This reads it back.
 
-  Example::
-
-    variables = model.init(key, x)  # boxed: before nn.unbox / flax.linen.meta.unbox
-    axes = optax_lena.flax.layer_axes(variables["params"])
-    tx = ol.lena(0.1, layer_axes=axes)
-    grads, stats = ol.stacked_grad_stats(stacked_grads, layer_axes=axes)
-
   Args:
     tree: linen variables or params as ``model.init`` returns them (with their
       ``nn.Partitioned`` boxes), or an NNX state (``nnx.state(model, nnx.Param)``).
@@ -144,6 +150,33 @@ def layer_axes(tree: PyTree, name: str = "layers") -> PyTree:
   Raises:
     ValueError: when no parameter carries ``name`` (unannotated parameters, already unboxed
       linen params, or another name).
+
+  Examples:
+    Two blocks stacked by ``nn.scan``: their kernel has the layer axis 0, and each of its two
+    slices is a layer of its own for the optimizer and the statistics.
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> import optax_lena as ol
+    >>> import optax_lena.flax as olf
+    >>> class Block(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x, _):
+    ...     init = nn.with_partitioning(nn.initializers.lecun_normal(), (None, None))
+    ...     return nn.Dense(3, kernel_init=init, use_bias=False)(x), None
+    >>> Blocks = nn.scan(
+    ...   Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=2,
+    ...   metadata_params={nn.PARTITION_NAME: "layers"},
+    ... )
+    >>> variables = Blocks().init(jax.random.key(0), jnp.zeros((1, 3)), None)  # boxed
+    >>> axes = olf.layer_axes(variables["params"])
+    >>> axes
+    {'Dense_0': {'kernel': 0}}
+    >>> tx = ol.lena(0.1, layer_axes=axes)  # and ol.stacked_grad_stats(..., layer_axes=axes)
+    >>> olf.layer_axes(nn.unbox(variables["params"]))  # unboxed: the names are gone
+    Traceback (most recent call last):
+    ValueError: optax_lena.flax.layer_axes found no parameter whose partition names include ...
   """
 
   def is_boxed(x: Any) -> bool:
@@ -264,16 +297,6 @@ def nnx_grad_stats(
   Works eagerly, under ``nnx.jit`` and inside ``jax.jit`` after ``nnx.merge``; shard the worker
   axis of ``worker_batches`` across devices to run the workers in parallel (GSPMD).
 
-  Example::
-
-    optimizer = nnx.Optimizer(model, ol.lena(0.1, warmup_threshold=50.0), wrt=nnx.Param)
-
-    @nnx.jit
-    def train_step(model, optimizer, x, y):  # x: [S, per_worker_batch, ...]
-      loss, grads, stats = optax_lena.flax.nnx_grad_stats(loss_fn, model, (x, y))
-      optimizer.update(model, grads, grad_stats=stats)
-      return loss
-
   Args:
     loss_fn: ``loss_fn(model, batch, *args) -> loss`` (or ``(loss, aux)`` with ``has_aux``),
       with ``batch`` one worker's slice of ``worker_batches``.
@@ -291,6 +314,33 @@ def nnx_grad_stats(
     ``(loss, grads, stats)``: the loss averaged over workers (``(loss, aux)`` with
     ``has_aux``), the mean gradient as an ``nnx.State`` shaped like ``nnx.state(model, wrt)``,
     and the :class:`optax_lena.GradStats` of the S per-worker gradients.
+
+  Raises:
+    ValueError: ``worker_batches`` whose leaves do not share one leading worker axis, or a
+      ``loss_fn`` whose result does not match ``has_aux``.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal", WWW 2022, Eq. 4 (the statistics).
+
+  Examples:
+    One LENA update of an NNX model from S = 4 workers' batches (wrap the step in ``nnx.jit``
+    for speed):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import optax_lena as ol
+    >>> import optax_lena.flax as olf
+    >>> model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    >>> optimizer = nnx.Optimizer(model, ol.lena(0.1, warmup_threshold=50.0), wrt=nnx.Param)
+    >>> def loss_fn(model, batch):
+    ...   x, y = batch
+    ...   return jnp.mean((model(x) - y) ** 2)
+    >>> x = jax.random.normal(jax.random.key(0), (4, 8, 3))  # [S, per-worker batch, features]
+    >>> loss, grads, stats = olf.nnx_grad_stats(loss_fn, model, (x, jnp.ones((4, 8, 2))))
+    >>> _ = optimizer.update(model, grads, grad_stats=stats)
+    >>> stats.num_samples, ol.diagnostics(optimizer.opt_state)["gain_ratio"].shape  # 2 leaves
+    (4, (2,))
   """
   who = "optax_lena.flax.nnx_grad_stats"
   num_workers = _num_workers(worker_batches, who)
@@ -340,19 +390,10 @@ def linen_grad_stats(
   statistics gives in data-parallel training. Shard the worker axis across devices under
   ``jit`` to run the workers in parallel (GSPMD).
 
-  Example::
-
-    def loss_fn(params, batch_stats, batch, rng):
-      logits, updates = model.apply(
-        {"params": params, "batch_stats": batch_stats}, batch["x"], train=True,
-        mutable=["batch_stats"], rngs={"dropout": rng},
-      )
-      return cross_entropy(logits, batch["y"]), updates["batch_stats"]
-
-    loss, grads, stats, batch_stats = optax_lena.flax.linen_grad_stats(
-      loss_fn, state.params, state.batch_stats, worker_batches, rng
-    )
-    state = state.apply_gradients(grads=grads, grad_stats=stats, batch_stats=batch_stats)
+  With BatchNorm and Dropout, ``loss_fn`` applies the model with ``mutable=["batch_stats"]``
+  and ``rngs={"dropout": rng}`` and returns ``(loss, updates["batch_stats"])``; the new batch
+  statistics go to ``state.apply_gradients(..., batch_stats=new_batch_stats)`` of a
+  :class:`TrainState` subclass with a ``batch_stats`` field.
 
   Args:
     loss_fn: ``loss_fn(params, batch_stats, batch, rng) -> (loss, new_batch_stats)``, or
@@ -369,6 +410,48 @@ def linen_grad_stats(
     ``(loss, grads, stats, new_batch_stats)``: the loss averaged over workers (``(loss, aux)``
     with ``has_aux``), the mean gradient, the :class:`optax_lena.GradStats` of the S
     per-worker gradients and the worker-mean batch statistics.
+
+  Raises:
+    ValueError: ``worker_batches`` whose leaves do not share one leading worker axis, or a
+      ``loss_fn`` that does not return ``(loss, new_batch_stats)``.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal", WWW 2022, Eq. 4 (the statistics).
+
+  Examples:
+    A linen model with BatchNorm, S = 4 workers; each normalises with its own batch, and the
+    new running statistics are their mean over the workers:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> import optax_lena as ol
+    >>> import optax_lena.flax as olf
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x, train):
+    ...     return nn.BatchNorm(use_running_average=not train)(nn.Dense(2)(x))
+    >>> class State(olf.TrainState):
+    ...   batch_stats: dict
+    >>> model = Net()
+    >>> x = jax.random.normal(jax.random.key(0), (4, 8, 3))  # [S, per-worker batch, features]
+    >>> variables = model.init(jax.random.key(1), x[0], train=False)
+    >>> state = State.create(
+    ...   apply_fn=model.apply, params=variables["params"], tx=ol.lena(0.1),
+    ...   batch_stats=variables["batch_stats"],
+    ... )
+    >>> def loss_fn(params, batch_stats, batch, rng):
+    ...   out, updates = model.apply(
+    ...     {"params": params, "batch_stats": batch_stats}, batch, train=True,
+    ...     mutable=["batch_stats"],
+    ...   )
+    ...   return jnp.mean((out - 1.0) ** 2), updates["batch_stats"]
+    >>> loss, grads, stats, batch_stats = olf.linen_grad_stats(
+    ...   loss_fn, state.params, state.batch_stats, x
+    ... )
+    >>> state = state.apply_gradients(grads=grads, grad_stats=stats, batch_stats=batch_stats)
+    >>> stats.num_samples, jax.tree.map(jnp.shape, state.batch_stats)
+    (4, {'BatchNorm_0': {'mean': (2,), 'var': (2,)}})
   """
   who = "optax_lena.flax.linen_grad_stats"
   num_workers = _num_workers(worker_batches, who)

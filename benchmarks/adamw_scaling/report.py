@@ -1,7 +1,10 @@
 """Tables, summary and plots of the AdamW study, from the finished runs under ``results/runs``.
 
 Deterministic in the runs: ``--report_only`` rebuilds ``tables.md``, ``summary.json`` and the
-plots from the committed ``runs.tar.xz``.
+plots from the committed ``runs.tar.xz``. A run is read from its ``config.json`` (the study's
+fields: ``method``, ``num_workers``, ``learning_rate``, ``seed``, ``sweep``, ``label``) and its
+evaluation records (``eval_accuracy``; the last one's ``val_accuracy`` and
+``critical_batch_size``), as both the archived runs and the trainer's (``runner.py``) hold them.
 """
 
 from __future__ import annotations
@@ -11,9 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness, paired_intervals
-from benchmarks.adamw_scaling import study
-from benchmarks.adamw_scaling.train import METHODS, PER_WORKER_BATCH
+from benchmarks import driver, harness, paired_intervals
+from benchmarks.adamw_scaling import grid as study
+from benchmarks.adamw_scaling.grid import METHODS, PER_WORKER_BATCH, Setup
 from examples import analysis, metrics
 
 BASELINE = "adam_lsw"  # at S = 8 (scale 1) every optax_lena rule is this plain AdamW
@@ -147,7 +150,9 @@ def final_accuracies(group: list[dict[str, Any]]) -> list[float]:
   return [r["evals"][-1]["eval_accuracy"] for r in group]
 
 
-def write_report(out: Path) -> None:
+def report(setup: Setup, out: Path) -> driver.Report:
+  """``tables.md``, ``summary.json`` and the plots of every finished run under ``out/runs``."""
+  del setup  # the report covers whatever ran
   runs = load_runs(out / "runs")
   cells = select(runs)
   scales = sorted({s for _, s in cells})
@@ -232,7 +237,7 @@ def write_report(out: Path) -> None:
       ["method", "S", "rate", "seed 0", "all seeds that ran it (n)"], _sweep_rows(runs)
     ),
   ]
-  harness.write_text(out / "tables.md", "\n".join(sections) + "\n")
+  text = "\n".join(sections) + "\n"
   summary = {
     f"{m}/S{s}": {
       "final_accuracy": final_accuracies(g),
@@ -250,12 +255,10 @@ def write_report(out: Path) -> None:
     for method, seeds in SELECTIONS
     for s, (rates, chosen) in tuned_rates(runs, method, seeds).items()
   }
-  harness.write_json(
-    out / "summary.json",
-    {"baseline_accuracy": base_acc, "cells": summary, "selection": selected},
-  )
+  record = {"baseline_accuracy": base_acc, "cells": summary, "selection": selected}
   _plots(out, cells, scales, methods, base_acc, targets)
   _reference_plot(out, _reference_rows(cells, scales))
+  return driver.Report(text, {"tables.md": text, "summary.json": harness.json_text(record)})
 
 
 def _reference_rows(cells, scales) -> list[tuple[int, list[Any], paired_intervals.Paired]]:

@@ -1,4 +1,5 @@
-"""The training problem and simulated cluster the ALADDIN studies share (MNIST-1D, CNN1D).
+"""The training problem and simulated cluster the ALADDIN studies' runners share (MNIST-1D,
+CNN1D); their declared sizes and rules are in ``protocol.py``.
 
 ``make_problem`` builds the example CNN on MNIST-1D (one data draw for every run, the model
 initialised from the run's seed); ``training_cluster`` scales the paper's ResNet-50 cluster to
@@ -7,78 +8,22 @@ it, so that communication weighs on the small CNN as it did on ResNet-50.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks import harness
+from benchmarks.aladdin.protocol import Preset
 from examples import input_pipeline, losses
 from examples.models import CNN1D
 from optax_lena.aladdin import simulator as cl
 from optax_lena.aladdin import simulator as sim
 
-ALGORITHMS = sim.ALGORITHMS
-CLUSTERS = ("HO", "HE0", "HE1", "HE2")
-LABELS = {"aladdin": "ALADDIN", "ar_sgd": "AR-SGD", "asp": "ASP", "easgd": "EASGD", "sgp": "SGP"}
 # The training cluster reproduces the ResNet-50 paper cluster's ratios (see training_cluster).
 REFERENCE_MODEL = "ResNet-50"
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-  """Sizes of the study."""
-
-  num_samples: int  # MNIST-1D examples before the 80/20 split
-  batch_size: int  # per worker
-  epochs: float  # the sample budget of every run, in passes over the training set
-  lr: float  # the workers' (and one-gradient) learning rate
-  ar_lr: float  # AR-SGD's rate on the mean of n gradients
-  num_workers: int
-  seeds: tuple[int, ...]
-  clusters: tuple[str, ...]  # Table 2's clusters
-  study_cluster: str  # where the ablation, period and choices run
-  choice_seeds: tuple[int, ...]
-  num_evals: int
-  width: int  # CNN1D features
-  jitter: float = 0.1  # +-10% per-iteration compute time: equal workers drift out of phase
-
-
-PRESETS = {
-  "default": Preset(
-    num_samples=5000,
-    batch_size=32,
-    epochs=15,
-    lr=0.1,
-    ar_lr=0.2,
-    num_workers=8,
-    seeds=(0, 1, 2),
-    clusters=("HO", "HE1", "HE2"),
-    study_cluster="HE1",
-    choice_seeds=(0,),
-    num_evals=15,
-    width=32,
-  ),
-  "smoke": Preset(
-    num_samples=1000,
-    batch_size=16,
-    epochs=1,
-    lr=0.05,
-    ar_lr=0.2,
-    num_workers=4,
-    seeds=(0,),
-    clusters=("HE1",),
-    study_cluster="HE1",
-    choice_seeds=(0,),
-    num_evals=3,
-    width=8,
-  ),
-}
 
 
 _PROBLEMS: dict[tuple, sim.Problem] = {}
@@ -163,75 +108,6 @@ def simulate_held_out(
   }
 
 
-def study_arguments(description: str, out: Path) -> argparse.ArgumentParser:
-  """The options every resumable simulator study takes (``--out``, default ``out``,
-  ``--cache_dir``, ``--smoke``, ``--max_cells``, ``--report_only``)."""
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--out", type=Path, default=out)
-  parser.add_argument("--cache_dir", type=Path, default=Path.home() / ".cache" / "mnist1d")
-  parser.add_argument("--smoke", action="store_true", help="the tiny CI version")
-  parser.add_argument("--max_cells", type=int, default=None, help="run at most this many")
-  parser.add_argument("--report_only", action="store_true")
-  return parser
-
-
-def run_in_passes(
-  passes: Sequence[Callable[[], list[Any]]],
-  run_cell: Callable[[Any], dict[str, Any]],
-  runs: dict[str, dict],
-  out: Path,
-  limit: int | None,
-) -> int:
-  """Runs the unfinished cells of each pass in order (a pass's cells may depend on the earlier
-  passes' results, e.g. the rates tuned), at most ``limit`` in all, saving ``runs`` after each
-  cell; writes ``machine.json`` when any cell ran. Returns the number of cells run."""
-  path, trained = harness.summaries_path(out), 0
-  for cells in passes:
-    if limit is not None and limit <= 0:
-      break
-    save = lambda summaries: harness.save_summaries(path, summaries)
-    done, _ = harness.run_summaries(cells(), run_cell, runs, save, limit=limit)
-    trained += done
-    limit = None if limit is None else limit - done
-  if trained:
-    harness.write_json(out / "machine.json", harness.machine_info())
-  return trained
-
-
-def not_run_note(cells: Sequence[Any], runs: dict[str, dict]) -> list[str]:
-  """The report's footer naming the cells without a result yet (none when every one ran)."""
-  missing = [c.name for c in cells if c.name not in runs]
-  return [f"Not run yet ({len(missing)} cells), e.g. `{missing[0]}`.\n"] if missing else []
-
-
-def study_main(
-  argv: Sequence[str] | None,
-  description: str,
-  default_out: Path,
-  scales: dict[str, Any],
-  passes: Callable[[dict[str, dict], Any], Sequence[Callable[[], list[Any]]]],
-  run_cell: Callable[[Any, Any, str], dict[str, Any]],
-  report: Callable[[dict[str, dict], Any], str],
-  plot: Callable[[dict[str, dict], Path, Any], bool],
-  plot_name: str,
-) -> str:
-  """A resumable study's command line: runs ``passes(runs, scale)`` (unless ``--report_only``),
-  then writes ``tables.md`` and the plot from every finished cell; returns the tables."""
-  args = study_arguments(description, default_out).parse_args(argv)
-  scale = scales["smoke" if args.smoke else "default"]
-  out = args.out
-  out.mkdir(parents=True, exist_ok=True)
-  runs = harness.load_summaries(harness.summaries_path(out))
-  if not args.report_only:
-    run = lambda cell: run_cell(cell, scale, args.cache_dir)
-    run_in_passes(passes(runs, scale), run, runs, out, args.max_cells)
-  text = report(runs, scale)
-  harness.write_text(out / "tables.md", text)
-  plot(runs, out / plot_name, scale)
-  print(text)
-  return text
-
-
 def _model_fns(preset: Preset) -> tuple[CNN1D, tuple[Any, Any]]:
   key = ("model", preset.width)
   if key not in _TXS:
@@ -270,27 +146,15 @@ def training_cluster(preset: Preset, name: str, model_bytes: float) -> cl.Cluste
   )
 
 
-def save_figure(fig: Any, path: Path) -> None:
-  """Writes ``fig`` as PNG and closes it."""
-  import matplotlib.pyplot as plt
-
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
-TARGET = 0.8  # test accuracy of the time-to-target columns
-
-
-def accuracy_at(run: dict[str, Any], time: float) -> float:
-  """The last accuracy of ``run`` evaluated at or before simulated ``time`` (nan before any)."""
-  acc = math.nan
-  for t, a, _ in run["curve"]:
-    if t <= time + 1e-9:
-      acc = a
-  return acc
-
-
-def time_to(run: dict[str, Any], target: float) -> float | None:
-  """The simulated time of ``run``'s first evaluation at or above ``target``, or None."""
-  return next((t for t, a, _ in run["curve"] if a >= target), None)
+def simulate_cell(
+  cell: Any, preset: Preset, algorithm: sim.Algorithm, cache_dir: Path, num_validation: int
+) -> dict[str, Any]:
+  """A cell of a study tuned on the validation split: its summary
+  (:func:`simulate_held_out`) and the cell itself. The cell has ``group`` ("final": evaluated
+  on the test set; any other: tuning, on the held-out validation examples), ``cluster`` and
+  ``seed``."""
+  evaluate_on = "test" if cell.group == "final" else "validation"
+  run = simulate_held_out(
+    preset, algorithm, cell.cluster, cell.seed, cache_dir, num_validation, evaluate_on
+  )
+  return {"cell": dataclasses.asdict(cell), **run}

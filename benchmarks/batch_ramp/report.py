@@ -1,16 +1,17 @@
 """The report of the batch-ramp study: per-arm tables, paired comparisons with ``small``, the
-goal's verdicts and the plots, all from a ``summary.json`` (``study.py --report_only``)."""
+goal's verdicts and the plots, all from a ``summary.json`` (and the pilot's record)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness
+from benchmarks import driver, harness
+from benchmarks.batch_ramp.grid import ARMS, Setup
 from benchmarks.paired_intervals import Paired, paired_by_seed
-
-ARMS = ("small", "large", "steps", "noise", "seesaw")
+from examples import analysis
 
 
 def steady_seconds_per_sample(run: dict[str, Any]) -> float:
@@ -176,8 +177,6 @@ def mean_curves(result: dict[str, Any], arm: str) -> tuple[list[float], list[flo
 
 def plots(result: dict[str, Any], out: Path) -> list[Path]:
   """Accuracy against updates, S against examples, and the paired differences (PNG)."""
-  from examples import analysis
-
   plt = analysis.pyplot()
   present = [a for a in ARMS if any(r["arm"] == a for r in result["runs"].values())]
   target = result["setup"]["target"]
@@ -234,9 +233,18 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
   return paths
 
 
-def report(result: dict[str, Any], out: Path) -> str:
-  """Writes ``table.md`` and the plots of ``result`` into ``out``; returns the tables."""
+def report(setup: Setup, out: Path) -> driver.Report:
+  """``table.md`` and the plots from ``out/summary.json``."""
+  del setup  # the summary holds the setup it ran
+  result = json.loads((out / "summary.json").read_text())
   text = tables(result)
-  harness.write_text(out / "table.md", text + "\n")
   plots(result, out)
-  return text
+  return driver.Report(text, {"table.md": text + "\n"})
+
+
+def pilot_report(setup: Setup, out: Path) -> driver.Report:
+  """The pilot's final validation accuracy and its curve (what fixed the target)."""
+  del setup
+  run = json.loads((out / "pilot.json").read_text())["run"]
+  curve = [(c[0], c[3]) for c in run["evals"]]
+  return driver.Report(json.dumps({"final_validation_accuracy": curve[-1][1], "curve": curve}), {})

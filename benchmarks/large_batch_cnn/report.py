@@ -8,15 +8,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness
-from benchmarks.large_batch_cnn.study import PAPER_METHODS, RULES, WARMUPS, Preset, label_of
-from benchmarks.large_batch_runs import (
+from benchmarks import driver, harness
+from benchmarks.large_batch import (
   LOOSE_FRACTION,
   TARGET_FRACTION,
   RunResult,
   Summary,
+  load_results,
   plot_curves,
   summary_record,
+)
+from benchmarks.large_batch_cnn.grid import (
+  PAPER_METHODS,
+  RULES,
+  WARMUPS,
+  Preset,
+  Sizes,
+  build_grid,
+  label_of,
 )
 from examples import analysis, lena
 
@@ -200,21 +209,23 @@ def plot_all(
   return paths
 
 
-def write(
-  sm: Summary,
-  p: Preset,
-  grid_size: int,
-  out: Path,
-  seeds: Sequence[int],
-  scales: Sequence[int],
-  header: str,
-) -> str:
-  """Writes ``tables.md``, ``summary.json`` and the plots; returns the tables' text."""
+def report(sizes: Sizes, out: Path) -> driver.Report:
+  """``tables.md``, ``summary.json`` and the plots of the finished runs of ``sizes``' grid."""
+  p, seeds, scales = sizes.resolved()
+  grid = build_grid(p, seeds, scales)
+  sm = Summary(load_results(grid, out / "runs"))
+  header = (
+    f"# MNIST-1D large-batch study ('{sizes.name}' preset)\n\n"
+    f"{int(p.num_samples * 0.8)} training / {int(p.num_samples * 0.2)} test examples, "
+    f"CNN1D, per-worker batch {p.per_worker_batch}, {p.num_epochs} epochs for every "
+    f"run, eta0 = {p.learning_rate} (momentum 0.9, weight decay 5e-4, exponential decay "
+    f"to 1%), seeds {list(seeds)}, Table 1 scales {list(scales)}."
+  )
   text = (
     "\n\n".join(
       [
         header,
-        f"Finished runs: {len(sm.results)} of {grid_size} in the grid. Target = "
+        f"Finished runs: {len(sm.results)} of {len(grid)} in the grid. Target = "
         f"{TARGET_FRACTION:.0%} of the same seed's single-worker SGD test accuracy (loose "
         f"target {LOOSE_FRACTION:.0%}); mean ± std over seeds; '(k/n)' = only k of n seeds "
         "reached it (the mean is over those). Wall times include compilation and were measured "
@@ -227,10 +238,7 @@ def write(
     )
     + "\n"
   )
-  harness.write_text(out / "tables.md", text)
-  plots = plot_all(sm, p, seeds, scales, out)
+  names = [x.name for x in plot_all(sm, p, seeds, scales, out)]
   extra = {"preset": dataclasses.asdict(p), "seeds": list(seeds), "scales": list(scales)}
-  harness.write_json(
-    out / "summary.json", summary_record(sm, extra | {"plots": [x.name for x in plots]})
-  )
-  return text
+  summary = summary_record(sm, extra | {"plots": names})
+  return driver.Report(text, {"tables.md": text, "summary.json": harness.json_text(summary)})

@@ -7,8 +7,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.large_batch_resnet.study import TABLE1, VARIANTS, Preset, label, tuned_rate
-from benchmarks.large_batch_runs import TARGET_FRACTION, Summary, plot_curves
+from benchmarks.large_batch import TARGET_FRACTION, Summary, plot_curves
+from benchmarks.large_batch_resnet.grid import TABLE1, VARIANTS, Preset, label, tuned_rate
 from examples import analysis, lena
 
 

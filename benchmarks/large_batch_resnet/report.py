@@ -1,33 +1,50 @@
-"""The ResNet1D study's tables and ``summary.json`` (its plots: ``plots.py``)."""
+"""The ResNet1D study's reports: the main study's tables and ``summary.json`` (its plots:
+``plots.py``), and the equal tuning's tables, summary and plot."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from benchmarks import harness
-from benchmarks.large_batch_resnet import plots
-from benchmarks.large_batch_resnet.study import (
-  LR_CELLS,
-  LR_FACTORS,
-  RULES,
-  TABLE1,
-  VARIANTS,
-  WARMUPS,
-  Preset,
-  label,
-  tuned_rate,
-)
-from benchmarks.large_batch_runs import (
+from benchmarks import driver, harness
+from benchmarks.large_batch import (
   LOOSE_FRACTION,
   TARGET_FRACTION,
   RunResult,
   Summary,
+  load_results,
   summary_record,
 )
+from benchmarks.large_batch_resnet import plots
+from benchmarks.large_batch_resnet.grid import (
+  GROUPS,
+  LR_CELLS,
+  LR_FACTORS,
+  PAIRS,
+  PRESETS,
+  RULES,
+  TABLE1,
+  VALIDATION_DATA_SEED,
+  VARIANTS,
+  WARMUPS,
+  EqualTuning,
+  Preset,
+  Sizes,
+  build_grid,
+  chosen_rates,
+  label,
+  read_test,
+  read_validation,
+  spec_of,
+  tuned_rate,
+)
+from benchmarks.paired_intervals import Paired, paired
+from examples import analysis
 
 ms = harness.mean_std
 
@@ -247,13 +264,23 @@ def lr_table(sm: Summary, p: Preset, seeds: Sequence[int]) -> str:
   )
 
 
-def write(sm: Summary, p: Preset, grid_size: int, out: Path, head: str) -> str:
-  """Writes ``tables.md``, ``summary.json`` and the plots; returns the tables' text."""
+def report(sizes: Sizes, out: Path) -> driver.Report:
+  """``tables.md``, ``summary.json`` and the plots of the preset's whole grid's finished runs."""
+  p = PRESETS[sizes.name]
   seeds, scales = p.seeds, p.scales
+  full_grid = build_grid(p, out, GROUPS, seeds, scales)
+  sm = Summary(load_results(full_grid, out / "runs"))
+  head = (
+    f"# MNIST-1D large-batch study of ResNet1D ('{sizes.name}' preset)\n\n"
+    f"{int(p.num_samples * 0.8)} training / {int(p.num_samples * 0.2)} test examples, "
+    f"ResNet1D width {p.width} (62 parameter leaves, BatchNorm), per-worker batch "
+    f"{p.per_worker_batch}, {p.num_epochs} epochs for every run unless stated, eta0 = "
+    f"{p.learning_rate} (momentum 0.9, weight decay {p.weight_decay}, exponential decay to 1%)."
+  )
   text = "\n\n".join(
     [
       head,
-      f"Finished runs: {len(sm.results)} of {grid_size} in the grid. Target = "
+      f"Finished runs: {len(sm.results)} of {len(full_grid)} in the grid. Target = "
       f"{TARGET_FRACTION:.0%} of the same seed's single-worker SGD test accuracy (loose "
       f"{LOOSE_FRACTION:.0%}); mean ± std over seeds; '(k/n)': only k of n seeds reached it.",
       "## Table 1: accuracy at the budget, iterations to target\n\n" + table1(sm, p, seeds, scales),
@@ -266,8 +293,150 @@ def write(sm: Summary, p: Preset, grid_size: int, out: Path, head: str) -> str:
       "## Sensitivity to eta0\n\n" + lr_table(sm, p, seeds),
     ]
   )
-  harness.write_text(out / "tables.md", text + "\n")
   paths = plots.plot_all(sm, p, out)
   extra = {"preset": dataclasses.asdict(p), "plots": [x.name for x in paths]}
-  harness.write_json(out / "summary.json", summary_record(sm, extra))
-  return text
+  files = {"tables.md": text + "\n", "summary.json": harness.json_text(summary_record(sm, extra))}
+  return driver.Report(text, files)
+
+
+# ------------------------------------------------------------------------------------------------
+# Equal tuning
+# ------------------------------------------------------------------------------------------------
+
+
+def summarise(setup: EqualTuning, out: Path) -> dict[str, Any]:
+  """Everything the tables and the plot read: the sweep and the final runs."""
+  chosen = chosen_rates(setup, out)
+  methods: dict[str, Any] = {}
+  for m in setup.methods:
+    sweep = {
+      f"{r:g}": read_validation(out, spec_of(m, setup, r, setup.selection_seed)) for r in m.rates
+    }
+    final: dict[str, Any] = {}
+    rate = chosen[m.key]
+    if rate is not None:
+      for seed in setup.final_seeds:
+        evals = read_test(out, spec_of(m, setup, rate, seed))
+        if evals is not None:
+          final[str(seed)] = {
+            "test_accuracy": evals[-1]["eval_accuracy"],
+            "validation_accuracy": read_validation(out, spec_of(m, setup, rate, seed)),
+            "curve": [[e["iteration"], e["eval_accuracy"]] for e in evals],
+          }
+    edge = None if rate is None else ("low" if rate == m.rates[0] else "high")
+    methods[m.key] = {
+      "label": m.label,
+      "optimizer": m.optimizer,
+      "warmup": m.warmup,
+      "rates": list(m.rates),
+      "sweep_validation_accuracy": sweep,
+      "chosen_rate": rate,
+      "chosen_at_edge": edge if rate in (m.rates[0], m.rates[-1]) else None,
+      "final": final,
+    }
+  return {
+    "scale": setup.scale,
+    "selection_seed": setup.selection_seed,
+    "final_seeds": list(setup.final_seeds),
+    "validation_data_seed": VALIDATION_DATA_SEED,
+    "methods": methods,
+    "pairs": [[a, b] for a, b in PAIRS if a in methods and b in methods],
+  }
+
+
+def pair(summary: dict[str, Any], a: str, b: str) -> Paired | None:
+  """Test accuracy ``a - b`` over the final seeds both finished (None: none)."""
+  fa, fb = (summary["methods"][k]["final"] for k in (a, b))
+  seeds = sorted((set(fa) & set(fb)), key=int)
+  if not seeds:
+    return None
+  va = [fa[s]["test_accuracy"] for s in seeds]
+  return paired(va, [fb[s]["test_accuracy"] for s in seeds])
+
+
+def equal_tables(summary: dict[str, Any]) -> str:
+  """The sweep, the final runs and the paired intervals, as Markdown."""
+  ms = summary["methods"]
+  s, sel = summary["scale"], summary["selection_seed"]
+  rows = []
+  for m in ms.values():
+    cells = [
+      f"{r}: {'—' if v is None else f'{v:.4f}'}" for r, v in m["sweep_validation_accuracy"].items()
+    ]
+    rate = m["chosen_rate"]
+    chosen = "sweep unfinished" if rate is None else f"{rate:g}"
+    if m["chosen_at_edge"]:
+      chosen += f" ({m['chosen_at_edge']} edge of the grid)"
+    rows.append([m["label"], ", ".join(cells), chosen])
+  sweep = harness.markdown_table(["method", f"rate: validation acc (seed {sel})", "chosen"], rows)
+  final_rows = []
+  for m in ms.values():
+    accs = [f["test_accuracy"] for f in m["final"].values()]
+    per_seed = ", ".join(f"{k}: {f['test_accuracy']:.4f}" for k, f in m["final"].items())
+    rate = "—" if m["chosen_rate"] is None else f"{m['chosen_rate']:g}"
+    mean = harness.mean_std(accs) if accs else "—"
+    final_rows.append([m["label"], rate, len(accs), mean, per_seed or "—"])
+  final = harness.markdown_table(
+    ["method", "rate", "seeds", "test acc @ budget", "per seed"], final_rows
+  )
+  pair_rows = []
+  for a, b in PAIRS:
+    if a in ms and b in ms and (d := pair(summary, a, b)) is not None:
+      label = f"{ms[a]['label']} - {ms[b]['label']}, S = {s}, equal tuning"
+      pair_rows.append(
+        [*d.row(label, 4), d.verdict(f"{ms[a]['label']} ahead", f"{ms[b]['label']} ahead")]
+      )
+  pairs = harness.markdown_table(
+    [
+      "claim (A - B), test acc",
+      "seeds",
+      "mean",
+      "95% interval (t, n-1 dof)",
+      "seeds A > B",
+      "verdict",
+    ],
+    pair_rows,
+  )
+  return (
+    f"### Equal tuning: rate sweep (S = {s}, selection seed {sel}, validation draw)\n\n{sweep}\n\n"
+    f"### Equal tuning: final runs at the chosen rates (test accuracy)\n\n{final}\n\n"
+    f"### Equal tuning: paired intervals\n\n{pairs}\n"
+  )
+
+
+def equal_plot(summary: dict[str, Any], path: Path) -> None:
+  """Validation accuracy against the rate relative to the grid's middle (left); test accuracy
+  of the final runs against updates, mean over seeds (right)."""
+  fig, (left, right) = analysis.pyplot().subplots(1, 2, figsize=(11, 4.2))
+  for m in summary["methods"].values():
+    rates, mid = m["rates"], m["rates"][len(m["rates"]) // 2]
+    pts = [
+      (r / mid, v)
+      for r, v in zip(rates, m["sweep_validation_accuracy"].values(), strict=True)
+      if v is not None
+    ]
+    if pts:
+      left.plot(*zip(*pts, strict=True), marker="o", label=f"{m['label']} (x {mid:g})")
+    curves = [f["curve"] for f in m["final"].values()]
+    if curves:
+      n = min(len(c) for c in curves)
+      its = [c[i][0] for c in curves[:1] for i in range(n)]
+      acc = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+      right.plot(its, acc, label=f"{m['label']}, rate {m['chosen_rate']:g} ({len(curves)} seeds)")
+  left.set(xscale="log", xlabel="rate / grid middle", ylabel="validation accuracy (end of run)")
+  left.set_title(f"sweep, seed {summary['selection_seed']}")
+  right.set(xlabel="update", ylabel="test accuracy", ylim=(0, 1))
+  right.set_title(f"final runs, S = {summary['scale']}")
+  for ax in (left, right):
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  analysis.save_figure(fig, path, dpi=110)
+
+
+def equal_report(setup: EqualTuning, out: Path) -> driver.Report:
+  """``tables.md``, ``summary.json`` (in the tables' order: tables(json) == tables) and
+  ``equal_tuning.png``."""
+  summary = summarise(setup, out)
+  text = equal_tables(summary)
+  equal_plot(summary, out / "equal_tuning.png")
+  return driver.Report(text, {"tables.md": text, "summary.json": harness.json_text(summary)})

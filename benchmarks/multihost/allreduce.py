@@ -1,37 +1,23 @@
-"""What ``ol.all_reduce_grad_stats`` costs across two CPU processes, by message layout.
-
-The default CNN's 8 gradient leaves and their packed squared norms are 9 buffers (12,114 floats
-in all). XLA combines their all-reduces into one tuple all-reduce, and on CPU devices of several
-processes the gloo collectives make one exchange per buffer of the tuple. This times, side by
-side in one run, ``ol.all_reduce_grad_stats`` on those gradients
-
-* ``per_leaf``: as by default (one buffer per leaf);
-* ``packed``: with ``packed=True`` (one flat buffer: what the trainer sends when it runs on
-  several CPU processes);
-
-on ``1x8`` (one process, 8 devices: an in-process reduction) and ``2x4`` (two local processes
-with 4 devices each joined by ``jax.distributed``), alternating ``--rounds`` times. Writes
-``results/allreduce.json`` and ``results/allreduce.md``.
-
-Usage::
-
-  python -m benchmarks.multihost.allreduce
+"""Times ``ol.all_reduce_grad_stats`` on the default CNN's gradients, per leaf and packed, on one
+process and across two (see the package's docstring); ``python -m benchmarks.multihost.allreduce
+--worker ...`` is one launched process of a measurement.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from benchmarks import harness
-from benchmarks.multihost import bench
+from benchmarks import driver, harness
+from benchmarks.multihost.grid import Allreduce
+from benchmarks.multihost.runner import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -81,7 +67,7 @@ def _time_layouts(repeats: int) -> dict[str, float]:
 
 
 def _launch(processes: int, devices: int, repeats: int) -> dict[str, float]:
-  port = bench.free_port()
+  port = free_port()
   env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO_ROOT))
   env["XLA_FLAGS"] = f"{harness.HOST_DEVICES_FLAG}={devices}"
@@ -114,45 +100,24 @@ def _worker(argv: Sequence[str]) -> None:
   print(json.dumps(_time_layouts(repeats)), flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, list[float]]]:
-  argv = sys.argv[1:] if argv is None else list(argv)
-  if argv[:1] == ["--worker"]:
-    _worker(argv[1:])
-    return {}
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.multihost.allreduce")
-  parser.add_argument("--rounds", type=int, default=3, help="runs of each layout, alternating")
-  parser.add_argument("--repeats", type=int, default=100, help="all-reduces timed per run")
-  parser.add_argument("--out", default=str(HERE / "results"), help="summary directory")
-  args = parser.parse_args(argv)
+def measure(cell: driver.Measurement, setup: Allreduce, context: driver.Context) -> dict[str, Any]:
+  """Both layouts alternating ``setup.rounds`` times: milliseconds per all-reduce of each
+  message layout."""
+  del cell, context
   layouts = {"1x8": (1, 8), "2x4": (2, 4)}
   results: dict[str, dict[str, list[float]]] = {k: {"per_leaf": [], "packed": []} for k in layouts}
-  for r in range(args.rounds):
+  for r in range(setup.rounds):
     for name, (processes, devices) in layouts.items():
-      for message, ms in _launch(processes, devices, args.repeats).items():
+      for message, ms in _launch(processes, devices, setup.repeats).items():
         results[name][message].append(ms)
-      print(f"[round {r + 1}/{args.rounds}] {name}: {results[name]}", flush=True)
-  median = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in results.items()}
-  rows = [
-    (
-      name,
-      *(harness.mean_std(results[name][m], ".2f") for m in ("per_leaf", "packed")),
-      f"{median[name]['per_leaf'] / median[name]['packed']:.1f}",
-    )
-    for name in layouts
-  ]
-  text = (
-    harness.markdown_table(("layout", "per leaf (ms)", "packed (ms)", "per leaf / packed"), rows)
-    + f"\n\nCommand: `python -m benchmarks.multihost.allreduce --rounds {args.rounds} "
-    f"--repeats {args.repeats}`.\n"
-  )
-  print("\n" + text)
-  out = Path(args.out)
-  harness.write_json(
-    out / "allreduce.json", {"ms": results, "args": vars(args), "machine": harness.machine_info()}
-  )
-  harness.write_text(out / "allreduce.md", text)
-  return results
+      print(f"[round {r + 1}/{setup.rounds}] {name}: {results[name]}", flush=True)
+  return {
+    "ms": results,
+    "args": dataclasses.asdict(setup),
+    "recorded": harness.recorded(),
+    "machine": harness.machine_info(),
+  }
 
 
 if __name__ == "__main__":
-  main()
+  _worker(sys.argv[2:])  # the child of a measurement: --worker REPEATS ADDRESS PROCESSES ID

@@ -31,10 +31,9 @@ def imported_from(module_name: str) -> dict[str, str]:
 
 
 def defining_comment(module_name: str, name: str) -> list[str] | None:
-  """The ``#:`` comment of ``name`` in the module ``module_name`` imports it from, if any."""
-  source = imported_from(module_name).get(name)
-  if source is None:
-    return None
+  """The ``#:`` comment of ``name`` where it is defined: in the module ``module_name`` imports it
+  from, or in ``module_name`` itself; None if there is none."""
+  source = imported_from(module_name).get(name, module_name)
   return ModuleAnalyzer.for_module(source).find_attr_docs().get(("", name))
 
 

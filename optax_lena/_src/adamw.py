@@ -68,10 +68,36 @@ def large_batch_adamw(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    {construction_errors}
+
   References:
-    Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019; Malladi, Lyu,
-    Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
-    NeurIPS 2022.
+    Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019 (Algorithm 2,
+    AdamW); Malladi, Lyu, Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive
+    Gradient Algorithms", NeurIPS 2022 (the square-root scaling rule); the
+    rules of Ko, Lee and Kim, WWW 2022 (Eqs. 4, 5, 8; warm-up Eqs. 6-7).
+
+  Examples:
+    AdaScale's one ratio R on the square-root rule: AdamW's rate times ``sqrt(R)``.
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.large_batch_adamw(1e-3, ol.adascale_rule(power=0.5), weight_decay=0.05)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> params = optax.apply_updates(params, updates)
+    >>> diag = ol.diagnostics(opt_state)
+    >>> print(round(float(diag["global_ratio"]), 3))
+    1.304
+    >>> print([round(float(x), 3) for x in diag["lr_multiplier"]])  # sqrt(R), every layer
+    [1.142, 1.142]
   """
   rule = alias.with_layer_axes(rule, layer_axes)
   checks.check_adam_betas(b1, b2)
@@ -114,11 +140,11 @@ def lena_adamw(
 ) -> optax.GradientTransformationExtraArgs:
   """LENA around AdamW: each layer's AdamW rate is multiplied by ``r_k ** power``.
 
-  See :func:`large_batch_adamw` for the chain, and this module's docstring for why the square
-  root. Example::
-
-    tx = ol.lena_adamw(1e-3, weight_decay=0.05, warmup_threshold=0.05 * single_worker_steps)
-    updates, opt_state = tx.update(mean_grads, opt_state, params, grad_stats=stats)
+  ``w <- w - r_k ** p * warmup_k * eta0 * schedule(t) * (m_hat / (sqrt(v_hat) + adam_eps) +
+  lambda w)`` per layer k (the chain of :func:`large_batch_adamw`), with LENA's per-layer gain
+  ratio ``r_k`` and, with ``warmup_threshold``, its state-aware warm-up. Adam's step already
+  shrinks with the gradient variance, so ``r_k`` times the rate over-steps; ``power=0.5`` (the
+  default) is the square-root rule.
 
   Args:
     learning_rate: eta0 (float or schedule), tuned at the reference batch.
@@ -138,9 +164,39 @@ def lena_adamw(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    {construction_errors}
+
   References:
-    Ko, Lee and Kim, WWW 2022 (the per-layer ratio and warm-up); Malladi et al., NeurIPS 2022
-    (the square-root rule for adaptive optimizers).
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: the per-layer ratio (Eqs. 4, 5 and 8) and the
+    state-aware warm-up (Eqs. 6-7, Algorithm 1); Malladi, Lyu, Panigrahi and Arora, "On the SDEs
+    and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022 (the square-root rule for
+    adaptive optimizers); Loshchilov and Hutter, ICLR 2019 (AdamW). LAMB (You et al., ICLR 2020,
+    ``optax.lamb``) is the trust-ratio alternative for Adam.
+
+  Examples:
+    The bias's ratio is at the cap S = 4, the kernel's near 1; each layer's rate is multiplied
+    by ``sqrt(r_k)`` and by its warm-up factor ``r_k / theta`` after one update:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.lena_adamw(1e-3, weight_decay=0.05, warmup_threshold=20.0)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> params = optax.apply_updates(params, updates)
+    >>> diag = ol.diagnostics(opt_state, params)
+    >>> print({name: round(float(r), 3) for name, r in diag["gain_ratio"].items()})
+    {'b': 4.0, 'w': 1.221}
+    >>> print({name: round(float(x), 3) for name, x in diag["lr_multiplier"].items()})
+    {'b': 0.4, 'w': 0.067}
   """
   return alias.with_rule(gain_ratio.lena_rule, large_batch_adamw, locals())
 
@@ -185,8 +241,36 @@ def adascale_adamw(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    {construction_errors}
+
   References:
-    Johnson et al., "AdaScale SGD", ICML 2020; Malladi et al., NeurIPS 2022.
+    Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for
+    Distributed Training", ICML 2020 (the global gain ratio); Malladi, Lyu, Panigrahi and
+    Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022 (the
+    square-root rule); Loshchilov and Hutter, ICLR 2019 (AdamW).
+
+  Examples:
+    One ratio R for the whole model; AdamW's rate is multiplied by ``sqrt(R)``:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.adascale_adamw(1e-3, weight_decay=0.05)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> params = optax.apply_updates(params, updates)
+    >>> diag = ol.diagnostics(opt_state)
+    >>> print(round(float(diag["global_ratio"]), 3))
+    1.304
+    >>> print([round(float(x), 3) for x in diag["lr_multiplier"]])  # sqrt(R), every layer
+    [1.142, 1.142]
   """
   return alias.with_rule(gain_ratio.adascale_rule, large_batch_adamw, locals())
 
@@ -227,8 +311,33 @@ def linear_scaling_adamw(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    {construction_errors}
+
   References:
-    Malladi et al., NeurIPS 2022; You et al., "Large-Batch Training for LSTM and Beyond"
-    (LEGW), SC 2019.
+    Malladi, Lyu, Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient
+    Algorithms", NeurIPS 2022 (the square-root rule; this optimizer scales the rate only,
+    not the betas and eps); You et al., "Large-Batch Training for LSTM and Beyond"
+    (LEGW), SC 2019; Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour",
+    2017 (the warm-up).
+
+  Examples:
+    At S = 4 the rate is ``sqrt(4) = 2`` times AdamW's, without warm-up:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.linear_scaling_adamw(1e-3, weight_decay=0.05)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> params = optax.apply_updates(params, updates)
+    >>> print(ol.diagnostics(opt_state)["lr_multiplier"])
+    [2. 2.]
   """
   return alias.with_rule(gain_ratio.linear_scaling_rule, large_batch_adamw, locals())

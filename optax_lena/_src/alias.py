@@ -44,6 +44,12 @@ def large_batch_sgd(
 ) -> optax.GradientTransformationExtraArgs:
   """Momentum SGD whose per-layer rate is scaled by ``rule`` and warmed up.
 
+  The chain behind :func:`lena`, :func:`adascale` and :func:`linear_scaling`, for any
+  :class:`GainRatioRule` (e.g. LENA with ``eps=0``, or per-module ratios):
+  ``skip_nonfinite_steps(chain(coupled weight decay, momentum, gain ratio, warm-up, -eta0 *
+  schedule))``, i.e. ``m <- mu m + gbar + lambda w`` and ``w <- w - r_k ** p * warmup_k * eta0 *
+  schedule(t) * m`` for every layer k.
+
   Args:
     learning_rate: eta0 at the per-worker batch size, a float or an Optax schedule.
     rule: the gain-ratio rule.
@@ -63,6 +69,41 @@ def large_batch_sgd(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
+
+  Raises:
+    ValueError: at construction, for a hyper-parameter outside its domain (learning rate,
+      momentum, weight decay, warm-up length), both warm-ups at once, an unknown ``clock`` or
+      ``warmup_progress``, or ``layer_axes`` given here and in ``rule``; at ``init``, for a
+      ``weight_decay_mask`` or a rule's ``grouping`` / ``layer_axes`` that does not fit the
+      parameters; at ``update``, without ``grad_stats`` or with statistics of another S than
+      the rule's ``num_samples``.
+    TypeError: a ``learning_rate`` that is neither a number nor a schedule, or ``grad_stats``
+      that is not a :class:`optax_lena.GradStats`.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: Eq. 5 (the layer's rate), Eqs. 6-7 and Algorithm 1
+    (the state-aware warm-up), with the momentum SGD and coupled weight decay of its
+    experiments.
+
+  Examples:
+    LENA's rule without its stabiliser (``eps=0``: exactly invariant to the gradients' scale)
+    and with the fixed warm-up, one update from S = 4 per-worker gradients:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.large_batch_sgd(0.1, ol.lena_rule(eps=0.0), warmup_steps=8)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> lr = ol.diagnostics(opt_state, params)["lr_multiplier"]  # r_k * min(t S / W, 1)
+    >>> print({name: round(float(x), 3) for name, x in lr.items()})
+    {'b': 2.0, 'w': 0.611}
   """
   rule = with_layer_axes(rule, layer_axes)
   checks.check_momentum(momentum)
@@ -211,8 +252,9 @@ def with_rule(
   return make_optimizer(learning_rate, rule, **rest)
 
 
-# Args entries that read the same in several aliases, written once: a docstring line ``{key}``
-# (alone, indented like the entries) becomes these entries (see ``shared_args``).
+# Docstring entries (Args, Raises) that read the same in several aliases, written once: a
+# docstring line ``{key}`` (alone, indented like the entries) becomes these entries (see
+# ``shared_args``).
 SHARED_ARGS: dict[str, tuple[str, ...]] = {
   "weight_decay_mask": (
     "weight_decay_mask: which leaves get weight decay (None: all; a pytree of bools or a "
@@ -254,6 +296,18 @@ SHARED_ARGS: dict[str, tuple[str, ...]] = {
     "b1: Adam's first-moment decay.",
     "b2: Adam's second-moment decay.",
     "adam_eps: Adam's eps (added to the root of the second moment).",
+  ),
+  "construction_errors": (
+    "ValueError: at construction, for a hyper-parameter outside its domain (e.g. a learning "
+    "rate that is not positive, a momentum or an Adam beta outside [0, 1), a negative weight "
+    "decay, eps or warm-up length), both warm-ups at once, an unknown ``clock``, "
+    "``warmup_progress`` or ``grouping``, or one of "
+    "``per_worker_batch_size`` / ``reference_batch_size`` without the other; at ``init``, for a "
+    "``grouping``, ``layer_axes`` or ``weight_decay_mask`` that does not fit the parameters; at "
+    "``update``, without ``grad_stats``, with statistics of another S than ``num_samples``, or "
+    "with gradients shaped unlike the parameters.",
+    "TypeError: a ``learning_rate`` that is neither a number nor a schedule, or ``grad_stats`` "
+    "that is not a :class:`optax_lena.GradStats`.",
   ),
   "adamw_clock": (
     'clock: ``"updates"`` or ``"samples"``.',
@@ -304,11 +358,16 @@ def lena(
 ) -> optax.GradientTransformationExtraArgs:
   """LENA: layer-wise gain ratios with the layer-wise state-aware warm-up (docs/LENA.md 1-6).
 
-  Example::
-
-    tx = ol.lena(0.1, weight_decay=5e-4, warmup_threshold=0.05 * single_worker_iterations)
-    mean_grads, stats = ol.all_reduce_grad_stats(local_grads, "batch")  # inside pmap
-    updates, opt_state = tx.update(mean_grads, opt_state, params, grad_stats=stats)
+  Momentum SGD in which every layer k (a parameter leaf, a group of ``grouping=``, or a slice
+  along a ``layer_axes`` axis) gets its own rate ``r_k * warmup_k * eta0 * schedule(t)``. The
+  gain ratio ``r_k`` in ``[1, S]`` estimates how many single-worker iterations the update of
+  S per-worker gradients is worth for that layer, from the moving averages of their statistics:
+  near S where the gradient noise dominates (linear scaling), near 1 where the signal does. The
+  state-aware warm-up advances each layer's progress by its ratio and scales its rate by
+  ``min(progress / theta, 1)``, so noisy layers leave the warm-up first. The update needs the
+  statistics of the per-worker gradients: ``tx.update(grads, state, params, grad_stats=stats)``
+  with ``(grads, stats)`` from :func:`stacked_grad_stats`, :func:`all_reduce_grad_stats` or
+  :func:`accumulate_grad_stats`.
 
   Args:
     learning_rate: eta0, the rate of one worker at the per-worker batch size (float or schedule).
@@ -339,9 +398,49 @@ def lena(
     An ``optax.GradientTransformationExtraArgs``: ``update(grads, state, params,
     grad_stats=stats)``.
 
+  Raises:
+    {construction_errors}
+
   References:
     Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
-    Large-Scale DNN Training", WWW 2022.
+    Large-Scale DNN Training", WWW 2022: Eq. 4 (the statistics of the S per-worker gradients),
+    Eq. 8 (their moving averages), Eq. 5 (the layer's rate ``r_k eta0``), Eqs. 6-7 and
+    Algorithm 1, lines 17-21 (the state-aware warm-up); docs/LENA.md, Steps 1-6, with the
+    places where the authors' code differs from the paper.
+
+    Related layer-wise rules: LARS (You, Gitman and Ginsburg, "Large Batch Training of
+    Convolutional Networks", 2017) and LAMB (You et al., "Large Batch Optimization for Deep
+    Learning: Training BERT in 76 Minutes", ICLR 2020) scale a layer's rate by the trust ratio
+    of its weight norm to its update norm (``optax.lars``, ``optax.lamb``); LENA scales it by
+    the gain ratio of the layer's gradient noise.
+
+  Examples:
+    One update from S = 4 per-worker gradients (stacked on a leading axis, as ``jax.vmap``
+    over the workers' batches gives them; inside ``pmap`` / ``shard_map`` use
+    :func:`all_reduce_grad_stats` instead):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.lena(0.1, weight_decay=5e-4, warmup_threshold=20.0)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> params = optax.apply_updates(params, updates)
+
+    The bias's gradients are mostly noise, so its ratio is at the cap S = 4; the kernel's are
+    mostly signal. Each layer's warm-up advanced by its ratio (of theta = 20):
+
+    >>> diag = ol.diagnostics(opt_state, params)
+    >>> print({name: round(float(r), 3) for name, r in diag["gain_ratio"].items()})
+    {'b': 4.0, 'w': 1.221}
+    >>> print({name: round(float(f), 3) for name, f in diag["warmup_factor"].items()})
+    {'b': 0.2, 'w': 0.061}
   """
   return with_rule(gain_ratio.lena_rule, large_batch_sgd, locals())
 
@@ -389,9 +488,34 @@ def adascale(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    {construction_errors}
+
   References:
-    Johnson et al., "AdaScale SGD: A User-Friendly Algorithm for Distributed Training",
-    ICML 2020.
+    Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for
+    Distributed Training", ICML 2020 (the gain ratio of the summed moving averages); it is
+    the AS baseline of Ko, Lee and Kim, WWW 2022 (Eqs. 4, 5 and 8 with one
+    group for the whole model).
+
+  Examples:
+    One gain ratio, the same for every layer, from S = 4 per-worker gradients:
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.adascale(0.1, weight_decay=5e-4)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> diag = ol.diagnostics(opt_state, params)
+    >>> print(round(float(diag["global_ratio"]), 3))
+    1.304
+    >>> print({name: round(float(r), 3) for name, r in diag["gain_ratio"].items()})
+    {'b': 1.304, 'w': 1.304}
   """
   return with_rule(gain_ratio.adascale_rule, large_batch_sgd, locals())
 
@@ -434,9 +558,34 @@ def linear_scaling(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    {construction_errors}
+
   References:
-    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017;
-    ``power=0.5`` is the square-root rule (Krizhevsky, "One weird trick for parallelizing
-    convolutional neural networks", 2014; for adaptive optimizers Malladi et al., NeurIPS 2022).
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017
+    (Section 2.1: the linear scaling rule; Section 2.2: the gradual warm-up), the LSW baseline
+    of Ko, Lee and Kim, WWW 2022; ``power=0.5`` is the square-root rule (Krizhevsky, "One weird
+    trick for parallelizing convolutional neural networks", 2014; for adaptive optimizers
+    Malladi, Lyu, Panigrahi and Arora, "On the SDEs and Scaling Rules for Adaptive Gradient
+    Algorithms", NeurIPS 2022).
+
+  Examples:
+    Every layer at S = 4 times the rate, warmed up over W = 8 base steps: the first update of
+    S = 4 per-worker gradients is at ``min(t S / W, 1) = 1/2`` of it.
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> tx = ol.linear_scaling(0.1, warmup_steps=8)
+    >>> opt_state = tx.init(params)
+    >>> updates, opt_state = tx.update(grads, opt_state, params, grad_stats=stats)
+    >>> lr = ol.diagnostics(opt_state, params)["lr_multiplier"]
+    >>> print({name: float(x) for name, x in lr.items()})
+    {'b': 2.0, 'w': 2.0}
   """
   return with_rule(gain_ratio.linear_scaling_rule, large_batch_sgd, locals())

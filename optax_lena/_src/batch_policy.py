@@ -69,6 +69,24 @@ def advise_num_samples(
   References:
     McCandlish, Kaplan, Amodei and the OpenAI Dota Team, "An Empirical Model of Large-Batch
     Training", 2018 (Section 2: the simple noise scale B_simple and the critical batch).
+
+  Examples:
+    After one update of S = 4 per-worker gradients whose statistics (made by hand) give
+    B_crit = 8 per-worker batches, the advice doubles S (``max_growth=2``):
+
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"b": jnp.ones(2), "w": jnp.ones((2, 2))}  # used as the mean gradient too
+    >>> stats = ol.GradStats(
+    ...   {"b": jnp.float32(8.0), "w": jnp.float32(10.0)}, 4,
+    ...   {"b": jnp.float32(2.0), "w": jnp.float32(4.0)},
+    ... )
+    >>> tx = ol.lena(0.1)
+    >>> _, opt_state = tx.update(params, tx.init(params), params, grad_stats=stats)
+    >>> print(round(float(ol.diagnostics(opt_state)["critical_batch_size"]), 3))
+    8.0
+    >>> int(ol.advise_num_samples(opt_state, max_num_samples=64, multiple=4))
+    8
   """
   if min_num_samples is None:
     min_num_samples = multiple if isinstance(multiple, int) else 1

@@ -41,6 +41,27 @@ def noise_scale(sq_norm_mean: jax.Array, mean_grad_sq_norm: jax.Array, s: jax.Ar
   ``B_simple / b = S (top - bot) / (S bot - top)``. Multiply by the per-worker batch size for
   examples. Infinite when the signal estimate is not positive (noise dominates); NaN for S < 2,
   where the noise cannot be estimated.
+
+  Args:
+    sq_norm_mean: ``top``, the mean squared norm of the S per-worker gradients (or its moving
+      average), a float or an array of them (one per layer).
+    mean_grad_sq_norm: ``bot``, the squared norm of their mean (or its moving average), shaped
+      like ``sq_norm_mean``.
+    s: S, the number of per-worker gradients.
+
+  Returns:
+    ``B_simple / b``, float32, shaped like the statistics.
+
+  References:
+    McCandlish, Kaplan, Amodei and the OpenAI Dota Team, "An Empirical Model of Large-Batch
+    Training", 2018: the simple noise scale (Eq. 2.8) and its unbiased estimates (Appendix A).
+
+  Examples:
+    >>> import optax_lena as ol
+    >>> print(ol.noise_scale(2.0, 1.0, 4))  # 4 (2 - 1) / (4 * 1 - 2)
+    2.0
+    >>> print(ol.noise_scale(2.0, 0.4, 4), ol.noise_scale(2.0, 1.0, 1))  # noise only; S < 2
+    inf nan
   """
   s = jnp.asarray(s, jnp.float32)
   signal = s * mean_grad_sq_norm - sq_norm_mean
@@ -60,6 +81,26 @@ def expected_speedup(critical_batch: Any, current_scale: Any, candidate_scales: 
   ``(1 + B_crit / S) / (1 + B_crit / S')`` with B_crit in per-worker batches, ``S' / S`` when the
   noise dominates the estimate (B_crit infinite), NaN where it cannot be estimated (S < 2). At
   ``S = 1`` it is the expected gain ratio of S' workers, ``E[r] = (1 + B) / (1 + B / S')``.
+
+  Args:
+    critical_batch: B_crit in per-worker batches (e.g. ``diagnostics(...)["critical_batch_size"]``).
+    current_scale: S, the number of per-worker gradients of the current updates.
+    candidate_scales: the candidate S', a number or an array of them.
+
+  Returns:
+    float32, shaped like ``candidate_scales``: the factor for each candidate (above 1: fewer
+    updates than at S).
+
+  References:
+    McCandlish, Kaplan, Amodei and the OpenAI Dota Team, "An Empirical Model of Large-Batch
+    Training", 2018, Section 2.2 (Eq. 2.11: the steps to a given loss, ``S_min (1 + B_crit /
+    B)``).
+
+  Examples:
+    >>> import optax_lena as ol
+    >>> speedup = ol.expected_speedup(4.0, 4, [8, 16, 64])  # B_crit = S = 4: at most 2
+    >>> print([round(float(x), 3) for x in speedup])
+    [1.333, 1.6, 1.882]
   """
   b = jnp.asarray(critical_batch, jnp.float32)
   s = jnp.asarray(current_scale, jnp.float32)
@@ -127,6 +168,39 @@ def diagnostics(
     consecutive), or trees shaped like ``params`` when it is given (Flax NNX ``Variable`` wrappers
     such as ``Param`` are removed, so the trees hold plain arrays). For logging use
     :func:`flat_diagnostics`, whose values are finite Python floats keyed by parameter path.
+
+  Raises:
+    ValueError: ``opt_state`` without exactly one gain-ratio rule's state (or with two warm-ups
+      of a kind), or ``params`` with another number of layers than the state.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: the ratios (Eq. 5), the warm-up's progress and end
+    (Eqs. 6-7, Figure 7); McCandlish et al., "An Empirical Model of Large-Batch Training",
+    2018: the noise scales and the critical batch (Section 2.2, Appendix A).
+
+  Examples:
+    One LENA update from statistics made by hand (S = 4); each layer's rate multiplier is its
+    ratio times its warm-up factor ``ratio / theta``:
+
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"b": jnp.ones(2), "w": jnp.ones((2, 2))}  # used as the mean gradient too
+    >>> stats = ol.GradStats(  # made by hand: S = 4, mean_i ||g_i||^2 and ||gbar||^2
+    ...   {"b": jnp.float32(8.0), "w": jnp.float32(10.0)}, 4,
+    ...   {"b": jnp.float32(2.0), "w": jnp.float32(4.0)},
+    ... )
+    >>> tx = ol.lena(0.1, warmup_threshold=10.0)
+    >>> _, opt_state = tx.update(params, tx.init(params), params, grad_stats=stats)
+    >>> diag = ol.diagnostics(opt_state, params, candidate_scales=[8, 16])
+    >>> print({name: round(float(x), 3) for name, x in diag["gain_ratio"].items()})
+    {'b': 4.0, 'w': 2.5}
+    >>> print({name: round(float(x), 3) for name, x in diag["lr_multiplier"].items()})
+    {'b': 1.6, 'w': 0.625}
+    >>> print(round(float(diag["critical_batch_size"]), 3))  # B_crit, in per-worker batches
+    8.0
+    >>> print([round(float(x), 3) for x in diag["expected_speedup"]])  # at S' = 8 and 16
+    [1.5, 2.0]
   """
   # nnx.Optimizer keeps its state as OptArray / OptVariable wrappers: read the plain arrays.
   found = _find_states(unwrap_variables(opt_state))
@@ -202,6 +276,26 @@ def per_layer_tree(
   (``layer_axes``, the optimizer's) its L entries as a vector. Flax NNX ``Variable`` wrappers
   (e.g. the ``Param`` leaves of ``nnx.state(model, nnx.Param)``) are replaced by the plain
   per-layer value, so the result is a named tree of arrays.
+
+  Args:
+    vector: one entry per layer, in ``jax.tree.leaves`` order (a stacked leaf's L layers
+      consecutive), e.g. ``GainRatioState.ratio``.
+    params: the parameters (or any tree shaped like them) the optimizer was initialised with.
+    layer_axes: the optimizer's ``layer_axes``.
+
+  Returns:
+    A tree shaped like ``params`` holding each leaf's entry (or its L entries).
+
+  Raises:
+    ValueError: a ``params`` / ``layer_axes`` pair with another number of layers than
+      ``vector``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((3, 2))}
+    >>> print(ol.per_layer_tree(jnp.array([4.0, 2.5]), params))
+    {'b': Array(4., dtype=float32), 'w': Array(2.5, dtype=float32)}
   """
   params = unwrap_variables(params)
   layout = _layout(vector.shape[0], params, layer_axes)
@@ -296,6 +390,27 @@ def flat_diagnostics(
 
   Returns:
     A ``dict[str, float]`` of finite values.
+
+  Raises:
+    ValueError: as :func:`diagnostics`.
+
+  Examples:
+    The metrics of one LENA update from statistics made by hand (S = 4), ready for a writer:
+
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"b": jnp.ones(2), "w": jnp.ones((2, 2))}  # used as the mean gradient too
+    >>> stats = ol.GradStats(  # made by hand: S = 4, mean_i ||g_i||^2 and ||gbar||^2
+    ...   {"b": jnp.float32(8.0), "w": jnp.float32(10.0)}, 4,
+    ...   {"b": jnp.float32(2.0), "w": jnp.float32(4.0)},
+    ... )
+    >>> tx = ol.lena(0.1, warmup_threshold=10.0)
+    >>> _, opt_state = tx.update(params, tx.init(params), params, grad_stats=stats)
+    >>> metrics = ol.flat_diagnostics(opt_state, params, prefix="lena/")
+    >>> print({k: round(v, 3) for k, v in metrics.items() if "ratio" in k})
+    {'lena/global_ratio': 3.0, 'lena/gain_ratio/b': 4.0, 'lena/gain_ratio/w': 2.5}
+    >>> metrics["lena/num_layers_warmed_up"], "lena/warmup_end_step/b" in metrics
+    (0.0, False)
   """
   found = _find_states(unwrap_variables(opt_state))
   # One read of the small per-layer states, then one compiled call on the host's default

@@ -43,6 +43,12 @@ class GainRatioState(NamedTuple):
     global_ratio: the AdaScale ratio ``R`` of the whole model at the last update, clipped.
     num_samples: S of the last update (int32; 0 before the first).
     power: the rule's power p (float32): the update is multiplied by ``ratio ** p``.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: ``A_k`` and ``D_k`` are the moving averages of Eq. 8
+    of the statistics of Eq. 4, ``ratio`` the clipped gain ratio of Eq. 5; ``global_ratio`` is
+    AdaScale's (Johnson et al., ICML 2020).
   """
 
   count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as in optax's states
@@ -78,6 +84,31 @@ class GainRatioRule:
       -> int | None``): each slice along a leaf's layer axis is a layer of its own, exactly as
       in the unrolled model (see :mod:`optax_lena._src.layer_axes`). The statistics must be
       made with the same ``layer_axes``.
+
+  Raises:
+    ValueError: at construction, for a field outside its domain (``eps`` < 0, ``beta`` outside
+      (0, 1], ``power`` not positive, ``num_samples`` not a positive int), an unknown
+      ``grouping``, a malformed ``layer_axes``, or one batch size without the other.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: Eqs. 4, 5 and 8 (the per-layer ratio); Johnson et al.,
+    "AdaScale SGD", ICML 2020 (one group); Goyal et al., 2017 (linear scaling, the ratio's cap).
+
+  Examples:
+    LENA's rule with one ratio per module, for a learning rate tuned at a batch of 64 while
+    each per-worker gradient averages 32 examples: 8 per-worker gradients make k = 4
+    reference batches, the ratio's cap.
+
+    >>> import optax_lena as ol
+    >>> rule = ol.GainRatioRule(
+    ...   grouping="module", per_worker_batch_size=32, reference_batch_size=64
+    ... )
+    >>> rule.scale(8)
+    4
+    >>> ol.GainRatioRule(eps=-1.0)
+    Traceback (most recent call last):
+    ValueError: eps must be >= 0, got -1.0; the paper uses 1e-6.
   """
 
   adaptive: bool = True
@@ -107,17 +138,84 @@ class GainRatioRule:
 
 
 def lena_rule(**kwargs: Any) -> GainRatioRule:
-  """LENA's rule: one ratio per leaf (or per group of ``grouping=``); keywords as the class."""
+  """LENA's rule: one ratio per leaf (or per group of ``grouping=``); keywords as the class.
+
+  Args:
+    **kwargs: the fields of :class:`GainRatioRule` but ``adaptive`` (``grouping``, ``beta``,
+      ``eps``, ``num_samples``, ``power``, the batch sizes, ``layer_axes``).
+
+  Returns:
+    The :class:`GainRatioRule` with ``adaptive=True``.
+
+  Raises:
+    ValueError: a field outside its domain (see :class:`GainRatioRule`).
+    TypeError: a keyword that is not a field of :class:`GainRatioRule`.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: Eqs. 4, 5 and 8.
+
+  Examples:
+    >>> import optax_lena as ol
+    >>> rule = ol.lena_rule(grouping="module", eps=0.0)
+    >>> rule.adaptive, rule.grouping, rule.eps
+    (True, 'module', 0.0)
+    >>> tx = ol.large_batch_sgd(0.1, rule, warmup_threshold=50.0)  # LENA, a ratio per module
+  """
   return GainRatioRule(adaptive=True, **kwargs)
 
 
 def adascale_rule(**kwargs: Any) -> GainRatioRule:
-  """AdaScale's rule: one ratio for the whole model; keywords as :class:`GainRatioRule`."""
+  """AdaScale's rule: one ratio for the whole model; keywords as :class:`GainRatioRule`.
+
+  Args:
+    **kwargs: the fields of :class:`GainRatioRule` but ``adaptive`` and ``grouping``.
+
+  Returns:
+    The :class:`GainRatioRule` with ``adaptive=True`` and ``grouping="global"``.
+
+  Raises:
+    ValueError: a field outside its domain (see :class:`GainRatioRule`).
+    TypeError: a keyword that is not a field of :class:`GainRatioRule`, or ``grouping``.
+
+  References:
+    Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for
+    Distributed Training", ICML 2020; Ko, Lee and Kim, WWW 2022 (Eqs. 4, 5 and 8 with one
+    group).
+
+  Examples:
+    >>> import optax_lena as ol
+    >>> ol.adascale_rule(beta=0.1).grouping
+    'global'
+    >>> tx = ol.large_batch_adamw(1e-3, ol.adascale_rule(power=0.5))  # AdaScale-AdamW
+  """
   return GainRatioRule(adaptive=True, grouping="global", **kwargs)
 
 
 def linear_scaling_rule(**kwargs: Any) -> GainRatioRule:
-  """Linear scaling's rule: ratio S for every leaf; keywords as :class:`GainRatioRule`."""
+  """Linear scaling's rule: ratio S for every leaf; keywords as :class:`GainRatioRule`.
+
+  Args:
+    **kwargs: the fields of :class:`GainRatioRule` but ``adaptive`` and ``grouping`` (``beta``
+      and ``eps`` only shape the statistics that :func:`optax_lena.diagnostics` reports).
+
+  Returns:
+    The :class:`GainRatioRule` with ``adaptive=False`` and ``grouping="global"``.
+
+  Raises:
+    ValueError: a field outside its domain (see :class:`GainRatioRule`).
+    TypeError: a keyword that is not a field of :class:`GainRatioRule`, or ``grouping``.
+
+  References:
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017
+    (Section 2.1); ``power=0.5``: the square-root rule (Malladi et al., NeurIPS 2022).
+
+  Examples:
+    >>> import optax_lena as ol
+    >>> rule = ol.linear_scaling_rule(power=0.5)
+    >>> rule.adaptive, rule.scale(16)  # ratio 16, the rate multiplied by 16 ** 0.5
+    (False, 16)
+  """
   return GainRatioRule(adaptive=False, grouping="global", **kwargs)
 
 
@@ -361,13 +459,42 @@ def scale_active_leaves(
 def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtraArgs:
   """Multiplies each layer's update by its gain ratio (Eq. 5 without the base rate).
 
-  With ``rule.power = p`` the multiplier is ``r_k ** p`` (in ``[1, k ** p]``).
+  With ``rule.power = p`` the multiplier is ``r_k ** p`` (in ``[1, k ** p]``). It reads the
+  statistics ``grad_stats`` of the S per-worker gradients, and the values of the updates only
+  when the statistics lack ``mean_grad_sq_norm``: chain it first, or give it complete
+  statistics.
 
   Args:
     rule: the :class:`GainRatioRule`.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose update takes ``grad_stats=``.
+
+  Raises:
+    ValueError: at ``init``, for a ``grouping`` or ``layer_axes`` of the rule that does not
+      fit the parameters; at ``update``, without ``grad_stats``, with statistics of another S
+      than ``rule.num_samples`` or of another tree, or with updates shaped unlike the
+      parameters.
+    TypeError: ``grad_stats`` that is not a :class:`GradStats`.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: Eq. 8 (the moving averages) and Eq. 5 (the clipped
+    ratio, without the base rate); Johnson et al., ICML 2020 (AdaScale's gain ratio).
+
+  Examples:
+    Statistics made by hand for S = 4 per-worker gradients whose mean is ``gbar``:
+    ``mean_i ||g_i||^2 = 6`` and ``||gbar||^2 = 3``. With ``eps=0`` the ratio is their ratio,
+    2, in ``[1, S]``:
+
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> gbar = {"w": jnp.ones(3)}
+    >>> stats = ol.GradStats({"w": jnp.float32(6.0)}, 4, {"w": jnp.float32(3.0)})
+    >>> tx = ol.scale_by_gain_ratio(ol.lena_rule(eps=0.0))
+    >>> updates, state = tx.update(gbar, tx.init(gbar), grad_stats=stats)
+    >>> print(state.ratio, updates["w"])
+    [2.] [2. 2. 2.]
   """
 
   def init_fn(params):
@@ -382,149 +509,3 @@ def scale_by_gain_ratio(rule: GainRatioRule) -> optax.GradientTransformationExtr
     return scale_active_leaves(updates, multiplier, uniform, rule.layer_axes), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def scale_by_lena(
-  *,
-  beta: float | None = None,
-  eps: float = 1e-6,
-  grouping: grouping_lib.Grouping = None,
-  num_samples: int | None = None,
-  power: float = 1.0,
-  per_worker_batch_size: int | None = None,
-  reference_batch_size: int | None = None,
-  layer_axes: layer_axes_lib.LayerAxes = None,
-) -> optax.GradientTransformationExtraArgs:
-  """LENA's layer-wise gain ratio (Eqs. 4, 5, 8).
-
-  For every layer k: ``A_k <- beta top_k + (1-beta) A_k``, ``D_k <- beta bot_k + (1-beta) D_k``
-  and the update is multiplied by ``r_k ** p`` with ``r_k = clip((A_k + eps) / (D_k + eps), 1,
-  S)`` (p = 1: the paper).
-
-  Args:
-    beta: moving-average weight; ``None`` means ``min(S / 1000, 1)``.
-    eps: stabiliser of the ratio (1e-6 in the paper); ``0`` makes the ratio exactly invariant
-      to the scale of the gradients.
-    grouping: ``None`` (one ratio per leaf), ``"module"``, a label pytree or a callable
-      ``(path, leaf) -> label``.
-    num_samples: the S that the statistics must have (checked at trace time), or ``None``.
-    power: p; the update is multiplied by ``r ** p`` (0.5: the square-root rule for
-      Adam-type optimizers).
-    per_worker_batch_size: b (with ``reference_batch_size``).
-    reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the cap becomes
-      ``k = S b / b0``.
-    layer_axes: where each parameter stacks its layers: ``None`` (one layer per leaf), a
-      pytree of ``int | None`` shaped like the parameters (or a prefix of it) or a callable
-      ``(path, leaf) -> int | None``; each slice is a layer of its own (its own ratio), as in
-      the unrolled model. Give the statistics the same ``layer_axes``.
-
-  Returns:
-    An ``optax.GradientTransformationExtraArgs``; call
-    ``update(updates, state, params, grad_stats=stats)``.
-
-  References:
-    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
-    Large-Scale DNN Training", WWW 2022.
-  """
-  return scale_by_gain_ratio(
-    lena_rule(
-      beta=beta,
-      eps=eps,
-      grouping=grouping,
-      num_samples=num_samples,
-      power=power,
-      per_worker_batch_size=per_worker_batch_size,
-      reference_batch_size=reference_batch_size,
-      layer_axes=layer_axes,
-    )
-  )
-
-
-def scale_by_adascale(
-  *,
-  beta: float | None = None,
-  eps: float = 1e-6,
-  num_samples: int | None = None,
-  power: float = 1.0,
-  per_worker_batch_size: int | None = None,
-  reference_batch_size: int | None = None,
-  layer_axes: layer_axes_lib.LayerAxes = None,
-) -> optax.GradientTransformationExtraArgs:
-  """AdaScale's global gain ratio ``R = (sum_k A_k + eps) / (sum_k D_k + eps)``, in [1, S].
-
-  Args:
-    beta: moving-average weight; ``None`` means ``min(S / 1000, 1)``.
-    eps: stabiliser of the ratio.
-    num_samples: the S that the statistics must have, or ``None``.
-    power: p; the update is multiplied by ``r ** p`` (0.5: the square-root rule for
-      Adam-type optimizers).
-    per_worker_batch_size: b (with ``reference_batch_size``).
-    reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the cap becomes
-      ``k = S b / b0``.
-    layer_axes: where each parameter stacks its layers: ``None`` (one layer per leaf), a
-      pytree of ``int | None`` shaped like the parameters (or a prefix of it) or a callable
-      ``(path, leaf) -> int | None``; each slice is a layer of its own (its own ratio), as in
-      the unrolled model. Give the statistics the same ``layer_axes``.
-
-  Returns:
-    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
-
-  References:
-    Johnson, Agrawal, Gu and Guestrin, "AdaScale SGD: A User-Friendly Algorithm for Distributed
-    Training", ICML 2020.
-  """
-  return scale_by_gain_ratio(
-    adascale_rule(
-      beta=beta,
-      eps=eps,
-      num_samples=num_samples,
-      power=power,
-      per_worker_batch_size=per_worker_batch_size,
-      reference_batch_size=reference_batch_size,
-      layer_axes=layer_axes,
-    )
-  )
-
-
-def scale_by_linear_scaling(
-  *,
-  num_samples: int | None = None,
-  power: float = 1.0,
-  per_worker_batch_size: int | None = None,
-  reference_batch_size: int | None = None,
-  layer_axes: layer_axes_lib.LayerAxes = None,
-) -> optax.GradientTransformationExtraArgs:
-  """Linear scaling: multiplies every update by S (by ``S ** p`` with ``power=p``).
-
-  The statistics' moving averages are still tracked (a few scalars per leaf) so that
-  :func:`optax_lena.diagnostics` can report gradient noise scales for this baseline too.
-
-  Args:
-    num_samples: the S that the statistics must have, or ``None``.
-    power: p; the update is multiplied by ``r ** p`` (0.5: the square-root rule for
-      Adam-type optimizers).
-    per_worker_batch_size: b (with ``reference_batch_size``).
-    reference_batch_size: b0, the batch ``learning_rate`` was tuned at; the factor becomes
-      ``k = S b / b0``.
-    layer_axes: where each parameter stacks its layers: ``None`` (one layer per leaf), a
-      pytree of ``int | None`` shaped like the parameters (or a prefix of it) or a callable
-      ``(path, leaf) -> int | None``; each slice is a layer of its own (its own ratio), as in
-      the unrolled model. Give the statistics the same ``layer_axes``.
-
-  Returns:
-    An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
-
-  References:
-    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017; the
-    square-root rule (``power=0.5``): Malladi et al., "On the SDEs and Scaling Rules for
-    Adaptive Gradient Algorithms", NeurIPS 2022.
-  """
-  return scale_by_gain_ratio(
-    linear_scaling_rule(
-      num_samples=num_samples,
-      power=power,
-      per_worker_batch_size=per_worker_batch_size,
-      reference_batch_size=reference_batch_size,
-      layer_axes=layer_axes,
-    )
-  )

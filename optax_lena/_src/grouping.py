@@ -32,7 +32,34 @@ _NAMED = ("leaf", "module", "global")
 
 
 def group_by_module(path: tuple[str, ...], leaf: Any) -> Hashable:
-  """Groups a leaf with its siblings: e.g. a Flax ``Dense``'s ``kernel`` and ``bias``."""
+  """Groups a leaf with its siblings: e.g. a Flax ``Dense``'s ``kernel`` and ``bias``.
+
+  A ``grouping=`` callable for :func:`optax_lena.lena` and the other layer-wise rules (the
+  same groups as ``grouping="module"``): the leaves of one module then share one gain ratio
+  and one warm-up, computed from their summed statistics.
+
+  Args:
+    path: the leaf's key path as strings, e.g. ``("Dense_0", "kernel")``.
+    leaf: the leaf (unused).
+
+  Returns:
+    The label of the leaf's group: its parent's path.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> ol.group_by_module(("Dense_0", "kernel"), None)
+    ('Dense_0',)
+    >>> params = {"dense": {"bias": jnp.ones(2), "kernel": jnp.ones((2, 2))}}
+    >>> stats = ol.GradStats(  # made by hand, S = 4
+    ...   {"dense": {"bias": jnp.float32(8.0), "kernel": jnp.float32(10.0)}}, 4,
+    ...   {"dense": {"bias": jnp.float32(2.0), "kernel": jnp.float32(4.0)}},
+    ... )
+    >>> tx = ol.scale_by_lena(grouping=ol.group_by_module, beta=1.0, eps=0.0)
+    >>> _, state = tx.update(params, tx.init(params), grad_stats=stats)
+    >>> print(state.ratio)  # (8 + 10) / (2 + 4) for both leaves of the module
+    [3. 3.]
+  """
   del leaf
   return path[:-1]
 

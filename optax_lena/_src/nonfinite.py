@@ -137,6 +137,24 @@ def skip_nonfinite_steps(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
+
+  Raises:
+    ValueError: at construction, for a malformed ``layer_axes``; at ``update``, for gradients
+      shaped unlike the parameters.
+    TypeError: ``grad_stats`` that is not a :class:`optax_lena.GradStats`.
+
+  Examples:
+    A step with a NaN gradient changes neither the parameters nor the momentum:
+
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> tx = ol.skip_nonfinite_steps(optax.sgd(0.1, momentum=0.9))
+    >>> params = {"w": jnp.ones(2)}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update({"w": jnp.array([1.0, jnp.nan])}, state, params)
+    >>> print(updates["w"], state.num_skipped, state.inner_state[0].trace["w"])
+    [0. 0.] 1 [0. 0.]
   """
   layer_axes_lib.validate(layer_axes)
   inner = optax.with_extra_args_support(inner)

@@ -15,7 +15,12 @@ CLOCKS = ("updates", "samples")
 
 
 class ScaleBySampleClockState(NamedTuple):
-  """Base steps (single-worker iterations, sum of S over past updates) seen so far, int32."""
+  """Base steps (single-worker iterations, sum of S over past updates) seen so far, int32.
+
+  Attributes:
+    base_steps: the sample clock, ``t * S`` after t updates of S per-worker gradients (``t *
+      k`` with a reference batch), int32: what the schedule of the next update sees.
+  """
 
   base_steps: jax.Array
 
@@ -57,6 +62,35 @@ def scale_by_learning_rate(
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
+
+  Raises:
+    ValueError: at construction, for an unknown ``clock``, a learning rate that is not
+      positive, an array rate on the ``"samples"`` clock (what ``optax.inject_hyperparams``
+      passes), or one batch size without the other; at ``update`` on the ``"samples"``
+      clock, without ``grad_stats`` and without ``num_samples``.
+    TypeError: a ``learning_rate`` that is neither a number nor a schedule.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: the ``eta0 * schedule(t)`` of Eq. 5, on the sample
+    clock of its experiments (``eta0 * 0.01 ** (base_steps / total)``).
+
+  Examples:
+    A schedule on the sample clock sees 0, 4, 8, ... base steps at S = 4:
+
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> schedule = optax.exponential_decay(0.1, transition_steps=16, decay_rate=0.5)
+    >>> tx = ol.scale_by_learning_rate(schedule, clock="samples", num_samples=4)
+    >>> updates = {"w": jnp.ones(1)}
+    >>> state = tx.init(updates)
+    >>> for _ in range(3):  # -0.1 * 0.5 ** (base_steps / 16)
+    ...   scaled, state = tx.update(updates, state)
+    ...   print(round(float(scaled["w"][0]), 4))
+    -0.1
+    -0.0841
+    -0.0707
   """
   check_clock(clock)
   checks.check_learning_rate(learning_rate)

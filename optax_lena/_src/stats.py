@@ -56,6 +56,22 @@ class GradStats:
       compute it from the gradients they receive; a bare ``scale_by_*`` building block computes it
       from the updates it receives, which is right only when it is the first transformation of a
       chain.
+
+  Raises:
+    ValueError: ``num_samples`` that is not a positive Python int.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022, Eq. 4 (``top`` and ``bot``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> ol.GradStats({"w": jnp.float32(6.0)}, num_samples=4).num_samples
+    4
+    >>> ol.GradStats({"w": jnp.float32(6.0)}, num_samples=0)
+    Traceback (most recent call last):
+    ValueError: GradStats.num_samples must be a positive Python int (...), got 0. ...
   """
 
   sq_norm_mean: PyTree
@@ -124,6 +140,27 @@ def stacked_grad_stats(
   Returns:
     ``(mean_grads, stats)``: the mean over the leading axis, in the gradients' dtype, and the
     :class:`GradStats` of the S (or S x K) samples.
+
+  Raises:
+    ValueError: a tree without leaves, leaves whose leading axes differ, ``stacked_stats`` or
+      ``layer_axes`` that do not fit the gradients.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal", WWW 2022, Eq. 4 (``top`` and ``bot``).
+
+  Examples:
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> per_worker = jax.vmap(jax.grad(loss_fn), (None, 0))(params, xs)  # S = 4 workers
+    >>> grads, stats = ol.stacked_grad_stats(per_worker)
+    >>> stats.num_samples, round(float(stats.sq_norm_mean["w"]), 3)
+    (4, 10.262)
+    >>> float(jnp.mean(jnp.sum(per_worker["w"] ** 2, axis=(1, 2))))  # (1/S) sum_i ||g_i||^2
+    10.26...
   """
   leaves = jax.tree.leaves(stacked_grads)
   if not leaves:
@@ -299,6 +336,31 @@ def all_reduce_grad_stats(
   Returns:
     ``(mean_grads, stats)``, identical on every worker; ``(mean_grads, stats, mean_aux)`` when
     ``aux`` is given.
+
+  Raises:
+    ValueError: gradients already reduced over ``axis_name`` (``jax.grad`` of replicated
+      parameters inside ``shard_map(check_vma=True)``), or ``local_stats`` / ``layer_axes``
+      that do not fit the gradients.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal", WWW 2022, Eq. 4 (``top`` and ``bot``).
+
+  Examples:
+    Inside ``shard_map`` or ``pmap`` each worker is a device; ``jax.vmap`` with an axis name
+    runs the same code on one device (S = 4 workers, the statistics of
+    :func:`stacked_grad_stats`):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> def worker_step(x):  # one worker's batch
+    ...   return ol.all_reduce_grad_stats(jax.grad(loss_fn)(params, x), "batch")
+    >>> grads, stats = jax.vmap(worker_step, axis_name="batch")(xs)
+    >>> stats.num_samples, round(float(stats.sq_norm_mean["w"][0]), 3)  # worker 0's copy
+    (4, 10.262)
   """
   if isinstance(axis_name, list):
     axis_name = tuple(axis_name)
@@ -388,6 +450,26 @@ def accumulate_grad_stats(
     ``(loss, mean_grads, stats)`` where loss is the mean over the K micro-batches (or
     ``(loss, aux)`` with ``has_aux``), mean_grads has the parameters' dtypes and stats covers K
     samples.
+
+  Raises:
+    ValueError: ``micro_batches`` without leaves, with leading axes that differ or with K
+      sharded across devices, or ``layer_axes`` that do not fit ``params``.
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal", WWW 2022, Eq. 4 (S counts micro-batches).
+
+  Examples:
+    K = 4 micro-batches, one after the other (the statistics of :func:`stacked_grad_stats`):
+
+    >>> import jax
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> loss_fn = lambda p, x: jnp.mean((x @ p["w"] + p["b"]) ** 2)
+    >>> xs = jax.random.normal(jax.random.key(0), (4, 8, 3))  # 4 batches of 8 examples
+    >>> loss, grads, stats = ol.accumulate_grad_stats(loss_fn, params, xs)
+    >>> stats.num_samples, round(float(stats.sq_norm_mean["w"]), 3)
+    (4, 10.262)
   """
   leaves = jax.tree.leaves(micro_batches)
   if not leaves:

@@ -36,6 +36,11 @@ class LayerwiseWarmupState(NamedTuple):
     factor: the warm-up factor of the last update per layer, ``min(P_k / theta, 1)``.
     end_step: per layer, the 1-based index of the first update at full rate (``P_k >= theta``),
       or -1 while the layer is still warming up (the paper's Figure 7).
+
+  References:
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022: the progress ``P_k`` of Eqs. 6-7 (Algorithm 1, lines
+    17-21) and the end of each layer's warm-up (Figure 7).
   """
 
   ratio_state: gain_ratio.GainRatioState
@@ -120,9 +125,38 @@ def layerwise_warmup(
   Returns:
     An ``optax.GradientTransformationExtraArgs`` taking ``grad_stats=``.
 
+  Raises:
+    ValueError: at construction, for a ``warmup_threshold`` that is not positive and finite,
+      an unknown ``rule`` or ``progress``, hyper-parameters given both in a
+      :class:`GainRatioRule` and as keywords, or ``grouping`` with a global rule; at ``init``,
+      for a ``grouping`` or ``layer_axes`` that does not fit the parameters; at ``update``,
+      without ``grad_stats``.
+
   References:
-    Ko, Lee and Kim, WWW 2022, Section 3.3, Eqs. 6-7 (the ``"ratio"`` rule); the variants are
-    this library's.
+    Ko, Lee and Kim, "Not All Layers Are Equal: A Layer-Wise Adaptive Approach Toward
+    Large-Scale DNN Training", WWW 2022, Section 3.3: Eqs. 6-7 and Algorithm 1, lines 17-21
+    (the ``"ratio"`` rule); the variants are this library's.
+
+  Examples:
+    LENA's ratios followed by their warm-up with theta = 10, three updates with the same
+    statistics (made by hand; ``beta=1`` and ``eps=0`` keep the arithmetic exact): the bias
+    (ratio 4) reaches theta at update 3, the kernel (ratio 2.5) is at 7.5 / 10.
+
+    >>> import jax.numpy as jnp
+    >>> import optax
+    >>> import optax_lena as ol
+    >>> gbar = {"b": jnp.ones(2), "w": jnp.ones((2, 2))}  # ||gbar||^2: 2 and 4
+    >>> stats = ol.GradStats(  # mean_i ||g_i||^2 of S = 4 per-worker gradients, ||gbar||^2
+    ...   {"b": jnp.float32(8.0), "w": jnp.float32(10.0)}, 4,
+    ...   {"b": jnp.float32(2.0), "w": jnp.float32(4.0)},
+    ... )
+    >>> rule = ol.lena_rule(beta=1.0, eps=0.0)
+    >>> tx = optax.chain(ol.scale_by_gain_ratio(rule), ol.layerwise_warmup(10.0, rule=rule))
+    >>> state = tx.init(gbar)
+    >>> for _ in range(3):
+    ...   updates, state = tx.update(gbar, state, grad_stats=stats)
+    >>> print(state[1].progress, state[1].factor, state[1].end_step)
+    [12.   7.5] [1.   0.75] [ 3 -1]
   """
   checks.check_warmup_threshold(warmup_threshold)
   if progress not in PROGRESS_RULES:
@@ -190,7 +224,13 @@ def progress_advance(ratio: jax.Array, num_samples: int, progress: str = "ratio"
 
 
 class FixedWarmupState(NamedTuple):
-  """State of :func:`fixed_warmup`: base steps seen (int32) and the last factor."""
+  """State of :func:`fixed_warmup`: base steps seen (int32) and the last factor.
+
+  Attributes:
+    base_steps: single-worker iterations seen so far, ``t * S`` after t updates of S
+      per-worker gradients (``t * k`` with a reference batch), int32.
+    factor: the factor ``min(base_steps / W, 1)`` of the last update, float32.
+  """
 
   base_steps: jax.Array
   factor: jax.Array
@@ -232,8 +272,30 @@ def fixed_warmup(
   Returns:
     An ``optax.GradientTransformationExtraArgs``.
 
+  Raises:
+    ValueError: at construction, for a negative ``warmup_steps``, a ``num_samples`` that is not
+      a positive int, or one batch size without the other; at ``update``, without
+      ``grad_stats`` and without ``num_samples``.
+
   References:
-    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+    Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", 2017, Section
+    2.2 (the gradual warm-up); counted in base steps as in Ko, Lee and Kim, WWW 2022 (the LSW
+    baseline).
+
+  Examples:
+    W = 8 base steps at S = 4: the factor is 4 / 8, then 1.
+
+    >>> import jax.numpy as jnp
+    >>> import optax_lena as ol
+    >>> tx = ol.fixed_warmup(8, num_samples=4)
+    >>> updates = {"w": jnp.ones(2)}
+    >>> state = tx.init(updates)
+    >>> for _ in range(3):
+    ...   scaled, state = tx.update(updates, state)
+    ...   print(scaled["w"])
+    [0.5 0.5]
+    [1. 1.]
+    [1. 1.]
   """
   checks.check_warmup_steps(warmup_steps)
   checks.check_num_samples(num_samples)

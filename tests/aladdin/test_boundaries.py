@@ -63,6 +63,7 @@ def test_each_engine_has_its_own_folder() -> None:
     "__init__.py",
     "algorithms.py",
     "baselines.py",
+    "batches.py",
     "checks.py",
     "folding.py",
     "server.py",

@@ -7,9 +7,12 @@ in-process transports of ``test_programs`` (no cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -123,9 +126,164 @@ def local_only_iteration():
     def iterate(self, sync, deadline):
       local, t0 = self.local, time.perf_counter()
       local.state, _, local.last_loss = self.plain(local.state, next(local.batches))
-      return {"compute_s": time.perf_counter() - t0, "sleep_s": 0.0, "wait_s": 0.0}
+      return ad.Stats.iteration(time.perf_counter() - t0)
 
   return ad.runs("local_only")(LocalOnlyIteration)
+
+
+# ---- 3. A topology of its own: its own meeting actor and schedule, on Ray only ----------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PeriodicAveraging(al.Spec):
+  """Local SGD with periodic model averaging: every ``every`` local steps the n workers
+  average their models at a meeting actor of the algorithm's own (a barrier; no PS shard)."""
+
+  name: ClassVar[str] = "periodic_averaging"
+  every: int = 3
+
+  def program(self, loss_fn, num_workers):
+    tx, step = self.worker_tx, al.local_step(loss_fn, self.worker_tx, message="gradient")
+
+    def step_fn(state, batch):
+      params, opt_state, _, loss = step(state.params, state.opt_state, batch)
+      return al.LocalState(params, opt_state), params, loss
+
+    return al.WorkerProgram(
+      lambda p: al.LocalState(p, tx.init(p)),
+      step_fn,
+      lambda state, mean: state._replace(params=mean),  # the average is adopted
+      lambda state: state.params,
+    )
+
+
+def _mean(models: dict[int, np.ndarray]) -> np.ndarray:
+  return np.mean(np.stack([models[w] for w in sorted(models)]), axis=0)
+
+
+class Averager:
+  """The meeting actor (asyncio): ``average(round, worker, model)`` returns the mean of the n
+  workers' models of that round once all n have arrived."""
+
+  def __init__(self, num_workers: int):
+    self.n, self.rounds = num_workers, {}
+
+  async def average(self, round_: int, worker: int, model: np.ndarray) -> np.ndarray:
+    import asyncio
+
+    slot = self.rounds.setdefault(round_, {"models": {}, "done": asyncio.Event(), "served": 0})
+    slot["models"][worker] = model
+    if len(slot["models"]) == self.n:
+      slot["done"].set()
+    await slot["done"].wait()
+    slot["served"] += 1
+    if slot["served"] == self.n:
+      del self.rounds[round_]
+    return _mean(slot["models"])
+
+
+class AveragerLink:
+  """A worker's transport to the averager actor."""
+
+  def __init__(self, averager: Any):
+    self.averager = averager
+
+  def average(self, round_: int, worker: int, model: np.ndarray) -> np.ndarray:
+    import ray
+
+    return ray.get(self.averager.average.remote(round_, worker, model))
+
+
+def periodic_averaging_iteration():
+  """The Ray iteration: it names its peers (one averager), its transport, its scheduler (rounds:
+  a barrier needs every worker at the same iteration) and where the global model is."""
+  from optax_lena.aladdin import distributed as ad
+
+  class PeriodicAveragingIteration(ad.Iteration):
+    scheduler = ad.Rounds
+
+    @staticmethod
+    def start_peers(driver: ad.Driver) -> list[Any]:
+      return [driver.start_meeting(Averager, driver.config.num_workers)]
+
+    @staticmethod
+    def transport(links: ad.Links) -> AveragerLink:
+      return AveragerLink(links.peers[0])
+
+    @staticmethod
+    def global_params(driver: ad.Driver, timeout: float | None) -> Any:
+      vectors = [driver.layout.to_vector(m) for m in driver.worker_params(timeout)]
+      return driver.layout.to_tree(_mean(dict(enumerate(vectors))))
+
+    def __init__(self, local: ad.Local, spec: PeriodicAveraging):
+      super().__init__(local, spec)
+      program, layout = local.program, local.layout
+
+      def step(state, batch):
+        state, params, loss = program.step(state, batch)
+        return state, layout.ravel(params), loss
+
+      self.plain = jax.jit(step)
+      self.adopt = jax.jit(lambda state, mean: program.apply(state, layout.unravel(mean)))
+
+    def iterate(self, sync: bool, deadline: float | None) -> ad.Stats:
+      local, t0 = self.local, time.perf_counter()
+      out = jax.block_until_ready(self.plain(local.state, next(local.batches)))
+      local.state, flat, local.last_loss = out
+      compute = time.perf_counter() - t0
+      sleep, wait = local.sleep_for(compute), 0.0
+      if (local.iteration + 1) % self.spec.every == 0:
+        t1 = time.perf_counter()
+        round_ = local.iteration // self.spec.every
+        mean = local.transport.average(round_, local.index, np.asarray(flat))
+        local.state, wait = self.adopt(local.state, mean), time.perf_counter() - t1
+        local.merges += 1
+      return ad.Stats.iteration(compute, sleep, wait)
+
+  return PeriodicAveragingIteration
+
+
+@contextlib.contextmanager
+def periodic_averaging_registered() -> Iterator[Any]:
+  """Registers the spec and attaches its Ray iteration for the block; yields the iteration."""
+  from optax_lena.aladdin import distributed as ad
+
+  al.register(PeriodicAveraging)
+  try:
+    yield ad.runs("periodic_averaging")(periodic_averaging_iteration())
+  finally:
+    al.unregister("periodic_averaging")
+
+
+def periodic_averaging_reference(
+  batches: Any, params: dict[str, np.ndarray], n: int, iterations: int, every: int, lr: float
+) -> dict[str, np.ndarray]:
+  """The average of the n models after ``iterations`` rounds, in float64 NumPy, for the least
+  squares of ``tests/aladdin/ray/helpers.py`` (``mean((x @ w + b - y) ** 2)``) and plain SGD."""
+  models = [{k: v.astype(np.float64) for k, v in params.items()} for _ in range(n)]
+  data = [batches(i, 0) for i in range(n)]
+  for k in range(iterations):
+    for i, model in enumerate(models):
+      x, y = (a.astype(np.float64) for a in next(data[i]))
+      r = x @ model["w"] + model["b"] - y
+      model["w"] = model["w"] - lr * 2 * x.T @ r / r.size
+      model["b"] = model["b"] - lr * 2 * r.sum(axis=0) / r.size
+    if (k + 1) % every == 0:
+      mean = {key: np.mean([m[key] for m in models], axis=0) for key in params}
+      models = [dict(mean) for _ in range(n)]
+  return {key: np.mean([m[key] for m in models], axis=0) for key in params}
+
+
+class ThreadedAverager:
+  """The averager for workers on threads (the in-process transport)."""
+
+  def __init__(self, n: int):
+    self.n, self.cond, self.rounds = n, threading.Condition(), {}
+
+  def average(self, round_: int, worker: int, model: np.ndarray) -> np.ndarray:
+    with self.cond:
+      self.rounds.setdefault(round_, {})[worker] = model
+      self.cond.notify_all()
+      self.cond.wait_for(lambda: len(self.rounds[round_]) == self.n)
+      return _mean(self.rounds[round_])
 
 
 def _module_tables():
@@ -201,3 +359,38 @@ def test_both_engines_run_a_new_algorithm_bit_for_bit(registered, name):
   if name == "averaging":  # the merges made the workers' models differ from local training
     alone = engines.run_sim(LocalOnly(worker_tx=spec.worker_tx), problem, batches, [])[1]
     assert not np.array_equal(layout.to_vector(alone[0]), layout.to_vector(sim_models[0]))
+
+
+def test_a_new_topology_runs_in_ray_iterations_against_float64():
+  """The periodic-averaging iterations of 3 workers on threads, the averager in-process: the
+  model average after 7 rounds (2 averagings) is the float64 NumPy reference's. The same
+  algorithm runs on a Ray cluster in ``tests/aladdin/ray/test_runtime.py``."""
+  pytest.importorskip("ray")
+  from optax_lena.aladdin import distributed as ad
+  from tests.aladdin.ray import helpers
+
+  n, rounds, lr = 3, 7, 0.05
+  with periodic_averaging_registered() as iteration:
+    spec = al.algorithm("periodic_averaging", worker_tx=optax.sgd(lr), every=3)
+    layout, averager = ad.FlatLayout(helpers.init_params(), 1), ThreadedAverager(n)
+    workers = []
+    for i in range(n):
+      program = spec.program(helpers.loss_fn, n)
+      state = program.init(helpers.init_params())
+      local = ad.Local(i, program, layout, state, helpers.batches(i, 0), averager, n)
+      workers.append(iteration(local, spec))
+
+    def run(worker):
+      for _ in range(rounds):
+        worker.local.iteration += worker.iterate(True, None).iterations
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    models = [layout.to_vector(w.local_params()) for w in workers]
+  assert [w.local.merges for w in workers] == [rounds // 3] * n
+  expected = periodic_averaging_reference(helpers.batches, helpers.init_params(), n, rounds, 3, lr)
+  got = layout.to_tree(np.mean(models, axis=0))
+  for key in expected:
+    np.testing.assert_allclose(got[key], expected[key], rtol=2e-5, atol=1e-6)
+  assert np.abs(expected["w"]).max() > 0.05  # it trained

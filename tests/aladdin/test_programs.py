@@ -130,8 +130,7 @@ def run_ray(
     iterations.append(algorithms.entry(spec.name).engine("ray")(local, spec))
 
   def one(it: Any) -> None:
-    if "skipped" not in it.iterate(True, None):
-      it.local.iteration += 1
+    it.local.iteration += it.iterate(True, None).iterations
 
   for _ in range(ROUNDS):
     if spec.synchronous:

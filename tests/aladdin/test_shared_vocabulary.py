@@ -9,7 +9,8 @@ import optax
 import pytest
 
 from optax_lena import aladdin as al
-from optax_lena._src.aladdin.ray.config import RunResult, Task
+from optax_lena._src.aladdin.ray.config import Task
+from optax_lena._src.aladdin.ray.records import RunResult
 from optax_lena._src.aladdin.sim import compute as sim_compute
 from optax_lena.aladdin import simulator as sim
 from tests.aladdin import simulator_cases as cases

@@ -1,12 +1,11 @@
 """Smoke test of benchmarks/batch_ramp: the schedule, the crossing and the paired comparisons
-against float64 NumPy, a tiny study that trains every arm, resumes and reports, and the
-committed RESULTS tables against ``--report_only`` of the committed summary."""
+against float64 NumPy, and the smoke setup's tiny study that trains every arm, resumes and
+reports (the committed tables: ``tests/benchmarks/test_committed_tables.py``)."""
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +13,11 @@ import pytest
 
 pytest.importorskip("flax")
 
-from benchmarks.batch_ramp import study
+from benchmarks import driver
+from benchmarks.batch_ramp import grid as study
+from benchmarks.batch_ramp import report
+from benchmarks.batch_ramp.__main__ import STUDY
 from benchmarks.paired_intervals import t_quantile
-from tests.benchmarks.test_committed_tables import md_tables
-
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "batch_ramp"
 
 
 def _entries(spec: str) -> list[tuple[int, int]]:
@@ -97,7 +95,7 @@ def test_comparisons_pair_by_seed_against_numpy() -> None:
       for s in seeds
     ]
   )
-  comp = study.comparisons(result)
+  comp = report.comparisons(result)
   assert list(comp) == ["large", "steps", "noise", "seesaw"]
   for arm, c in comp.items():
     checks = {
@@ -119,12 +117,18 @@ def test_comparisons_pair_by_seed_against_numpy() -> None:
   assert comp["large"]["vs_large"] is None
 
 
-def test_tiny_study_trains_every_arm_resumes_and_reports(tmp_path: Path, monkeypatch) -> None:
-  monkeypatch.chdir(tmp_path)  # the MNIST-1D cache goes to ./data_cache
+def test_tiny_study_trains_every_arm_resumes_and_reports(
+  tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
   out = tmp_path / "out"
-  setup = study.quick()
-  result = study.run_study(setup, out, limit=len(study.ARMS))  # seed 0 of every arm
-  runs = result["runs"]
+  argv = ["--setup", "smoke", "--out", str(out), "--cache_dir", str(tmp_path / "cache")]
+  arms = len(study.ARMS)
+  context = driver.Context(out, tmp_path / "cache", "smoke")
+  driver.run_cells(
+    STUDY.setups["smoke"].grid, study.SMOKE, context, limit=arms
+  )  # seed 0, every arm
+  runs = json.loads((out / "summary.json").read_text())["runs"]
+  setup = study.SMOKE
   assert sorted(runs) == sorted(f"{a}_seed0" for a in study.ARMS)
   budget = setup.num_epochs * runs["small_seed0"]["num_train"]
   b = runs["small_seed0"]["per_worker_batch"]
@@ -139,45 +143,19 @@ def test_tiny_study_trains_every_arm_resumes_and_reports(tmp_path: Path, monkeyp
     runs["large_seed0"]["updates"] < runs["steps_seed0"]["updates"] < runs["small_seed0"]["updates"]
   )
   # Resuming keeps the finished runs and trains the next one only.
-  again = study.run_study(setup, out, limit=1)
+  capsys.readouterr()
+  text = driver.main(STUDY, [*argv, "--max_cells", "1"])
+  assert f"Ran 1, skipped {arms}" in capsys.readouterr().out
+  again = json.loads((out / "summary.json").read_text())
   assert sorted(again["runs"]) == sorted([*runs, "small_seed1"])
   assert all(again["runs"][k] == v for k, v in runs.items())
-  with pytest.raises(ValueError, match="another setup"):
-    study.run_study(study.Setup(), out, limit=0)
+  with pytest.raises(ValueError, match=r"another setup \(.*num_epochs"):
+    driver.run_cells(STUDY.setups["smoke"].grid, study.Setup(), driver.Context(out, out, "x"))
   # --report_only rebuilds the same table and the plots from the JSON alone.
-  text = study.report(again, out)
   assert "| steps |" in text and "test acc >= small - 1 point" in text
   table = (out / "table.md").read_text()
   (out / "table.md").unlink()
-  study.main(["--report_only", "--out", str(out)])
-  assert (out / "table.md").read_text() == table
+  assert driver.main(STUDY, [*argv, "--report_only"]) == text
+  assert (out / "table.md").read_text() == table == text + "\n"
   for name in ("accuracy_vs_updates.png", "batch_vs_examples.png", "paired.png"):
     assert (out / name).read_bytes()[:4] == b"\x89PNG"
-
-
-@pytest.mark.parametrize("name", sorted(study.SETUPS))
-def test_committed_results_are_report_only_of_the_committed_summary(
-  name: str, tmp_path: Path
-) -> None:
-  folder = ROOT / study.OUTS[name]
-  if not (folder / "table.md").exists():
-    pytest.skip(f"the {name} study has not been reported yet")
-  shutil.copy(folder / "summary.json", tmp_path / "summary.json")
-  study.main(["--report_only", "--out", str(tmp_path)])
-  rebuilt = (tmp_path / "table.md").read_text()
-  assert rebuilt == (folder / "table.md").read_text()
-  result = json.loads((folder / "summary.json").read_text())
-  setup = study.SETUPS[name]
-  assert study.setup_of(result["setup"]) == setup  # the script's declared setup
-  assert len(result["runs"]) == len(study.ARMS) * len(setup.seeds) >= 25
-
-
-def test_every_results_table_is_one_of_the_committed_reports() -> None:
-  reports = [
-    t
-    for name in study.SETUPS
-    if (ROOT / study.OUTS[name] / "table.md").exists()
-    for t in md_tables((ROOT / study.OUTS[name] / "table.md").read_text())
-  ]
-  tables = md_tables((RESULTS / "RESULTS.md").read_text())
-  assert tables and all(t in reports for t in tables)

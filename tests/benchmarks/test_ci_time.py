@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.ci_time import measure
+from benchmarks.ci_time import grid, report, runner
 
-HERE = Path(measure.__file__).resolve().parent
+HERE = Path(runner.__file__).resolve().parent
 
 
 def test_plugin_records_wall_and_cpu_of_every_test(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_plugin_records_wall_and_cpu_of_every_test(tmp_path: Path) -> None:
   env.pop("PYTEST_XDIST_WORKER", None)  # set when this test runs in an xdist worker
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "pytest_times", "-p", "no:cacheprovider"]
   subprocess.run([*cmd, "test_toy.py"], cwd=tmp_path, env=env, check=True, capture_output=True)
-  records = measure.load_records(out)
+  records = runner.load_records(out)
   assert set(records) == {"test_toy.py::test_busy", "test_toy.py::test_sleep"}
   busy, sleep = records["test_toy.py::test_busy"], records["test_toy.py::test_sleep"]
   assert busy["cpu"] >= 0.19 and busy["wall"] >= 0.19
@@ -54,7 +54,7 @@ def test_tests_are_matched_by_name_across_moved_files_and_grouped_by_origin() ->
     "tests/examples/test_multihost.py::test_c": _r(8.0),
     "tests/benchmarks/test_harness.py::test_d": _r(9.0),
   }
-  matched = measure.match(baseline, current)
+  matched = grid.match(baseline, current)
   assert matched == {
     "tests/aladdin/test_server.py::test_a": "tests/test_aladdin_server.py::test_a",
     "tests/lena/test_x.py::test_same[1]": "tests/test_x.py::test_same[1]",
@@ -66,7 +66,7 @@ def test_tests_are_matched_by_name_across_moved_files_and_grouped_by_origin() ->
     "runs": {},
     "tests": {"baseline": baseline, "current": current},
   }
-  summary = measure.summarise(data)
+  summary = report.summarise(data)
   assert summary["matched"]["baseline"] == {"tests": 3, "cpu_s": 6.0, "wall_s": 12.0}
   assert summary["matched"]["current"] == {"tests": 3, "cpu_s": 4.5, "wall_s": 9.0}
   assert summary["baseline_unmatched"]["cpu_s"] == 4.0
@@ -75,5 +75,5 @@ def test_tests_are_matched_by_name_across_moved_files_and_grouped_by_origin() ->
     "experiment kit": {"tests": 1, "cpu_s": 9.0, "wall_s": 18.0},
     "multi-host trainer": {"tests": 1, "cpu_s": 8.0, "wall_s": 16.0},
   }
-  text = measure.tables(summary)
+  text = report.tables(summary)
   assert "new: experiment kit | 1 | 9 | 18 |" in text

@@ -1,7 +1,7 @@
-"""Smoke test of the ResNet1D large-batch study (benchmarks/large_batch_resnet/study.py), and of
-the trainer strategy it trains with (``parallel='vmap'``, one vmap over the per-worker batches).
+"""Smoke test of the ResNet1D large-batch study (benchmarks/large_batch_resnet), and of the
+trainer strategy it trains with (``parallel='vmap'``, one vmap over the per-worker batches).
 
-Trains two of the ``--smoke`` preset's Table-1 runs (the single worker and LENA with the
+Trains two of the ``smoke`` setup's Table-1 runs (the single worker and LENA with the
 ``relative_to_max`` warm-up; tiny MNIST-1D, a width-2 ResNet1D, two epochs) into a
 temporary directory, checks the tables, summary, plots and per-layer records, that a second
 invocation skips every finished run, and that the archive alone rebuilds the same tables.
@@ -16,28 +16,29 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks.large_batch_resnet import equal_tuning, study
+from benchmarks import driver
+from benchmarks.large_batch_resnet import grid
+from benchmarks.large_batch_resnet.__main__ import STUDY
 from examples import lena, metrics
-from tests.benchmarks.test_committed_tables import md_tables
 
 
 def test_smoke_study_writes_tables_plots_and_resumes(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
   out = tmp_path / "study"
-  argv = ["--smoke", "--groups", "table1", "--only", "sgd", "lena_relmax", "--out", str(out)]
-  argv += ["--cache_dir", str(tmp_path)]
-  text = study.main(argv)
+  argv = ["--setup", "smoke", "--set", "groups=table1", "--only", "sgd", "lena_relmax"]
+  argv += ["--out", str(out), "--cache_dir", str(tmp_path)]
+  text = driver.main(STUDY, argv)
   first = capsys.readouterr().out
-  grid = study.build_grid(study.PRESETS["smoke"], out, ["table1"])
-  grid = [sp for sp in grid if sp.name.startswith(("sgd", "lena_relmax"))]
-  assert len(grid) == 2 and first.count("after ") == len(grid)
+  runs = grid.build_grid(grid.PRESETS["smoke"], out, ["table1"])
+  runs = [sp for sp in runs if sp.name.startswith(("sgd", "lena_relmax"))]
+  assert len(runs) == 2 and first.count("after ") == len(runs)
   for heading in ("Table 1", "Table 2", "Per-layer warm-up end", "LARS / LAMB", "Longer budget"):
     assert f"## {heading}" in text
   assert (out / "tables.md").read_text() == text + "\n"
   table1 = text.split("## Table 1")[1].split("## Table 2")[0]
   assert "LENA, warm-up relative_to_max (state_aware) | 1 | 0." in table1
-  workdir = out / "runs" / grid[-1].name
+  workdir = out / "runs" / runs[-1].name
   config = json.loads((workdir / "config.json").read_text())
   assert config["parallel"] == "vmap" and config["optimizer"] == "lena_relmax"
   # Every run makes whole updates per epoch: 480 examples // (4 x 4) = 30 per epoch, 2 epochs.
@@ -47,14 +48,16 @@ def test_smoke_study_writes_tables_plots_and_resumes(
   logged = [r for r in metrics.read_metrics(workdir, None) if r.get("gain_ratio")]
   assert len(logged) >= 5 and len(logged[0]["gain_ratio"]) == 62
   summary = json.loads((out / "summary.json").read_text())
-  assert len(summary["runs"]) == len(grid)
+  assert len(summary["runs"]) == len(runs)
   for name in ("accuracy_vs_iterations_s4.png", "accuracy_vs_scale.png"):
     assert (out / name).read_bytes()[:4] == b"\x89PNG" and name in summary["plots"]
 
-  study.main(argv)  # resumes: nothing to train
-  assert capsys.readouterr().out.count("finished earlier, skipped") == len(grid)
+  smoke = STUDY.setups["smoke"]
+  config = driver.override(smoke.config, ["groups=table1"])
+  context = driver.Context(out, tmp_path, "smoke")
+  assert driver.run_cells(smoke.grid, config, context, only=["sgd", "lena_relmax"]) == (0, 2)
   shutil.rmtree(out / "runs")  # what git holds: the archive
-  assert study.main([*argv, "--report_only"]) == text
+  assert driver.main(STUDY, [*argv, "--report_only"]) == text
 
 
 def test_per_worker_vmap_strategy_matches_sequential_micro_batches(tmp_path: Path) -> None:
@@ -93,18 +96,16 @@ def test_per_worker_vmap_strategy_matches_sequential_micro_batches(tmp_path: Pat
 
 
 # ------------------------------------------------------------------------------------------------
-# The equal-tuning study (benchmarks/large_batch_resnet/equal_tuning.py)
+# The equal-tuning setup
 # ------------------------------------------------------------------------------------------------
-
-EQUAL = Path(__file__).resolve().parents[2] / "benchmarks/large_batch_resnet/results/equal_tuning"
 
 
 def test_equal_tuning_selection_rule() -> None:
   """Best validation accuracy, ties to the smaller rate, nothing until every rate finished."""
-  assert equal_tuning.choose([0.1, 1.0, 10.0], [0.5, 0.7, 0.6]) == 1.0
-  assert equal_tuning.choose([10.0, 1.0, 0.1], [0.7, 0.7, 0.2]) == 1.0
-  assert equal_tuning.choose([0.1, 1.0], [0.5, None]) is None
-  for m in equal_tuning.METHODS:  # the pre-registered grid: 5 rates, half a decade apart
+  assert grid.choose([0.1, 1.0, 10.0], [0.5, 0.7, 0.6]) == 1.0
+  assert grid.choose([10.0, 1.0, 0.1], [0.7, 0.7, 0.2]) == 1.0
+  assert grid.choose([0.1, 1.0], [0.5, None]) is None
+  for m in grid.METHODS:  # the pre-registered grid: 5 rates, half a decade apart
     ratios = [b / a for a, b in zip(m.rates, m.rates[1:], strict=False)]
     assert len(m.rates) == 5 and all(2.9 < r < 3.5 for r in ratios), m.key
 
@@ -113,9 +114,9 @@ def test_equal_tuning_smoke_trains_selects_and_resumes(
   tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
   out = tmp_path / "equal"
-  argv = ["--smoke", "--out", str(out), "--cache_dir", str(tmp_path)]
-  text = equal_tuning.main(argv)
-  setup = equal_tuning.SETUPS["smoke"]
+  argv = ["--setup", "equal_tuning_smoke", "--out", str(out), "--cache_dir", str(tmp_path)]
+  text = driver.main(STUDY, argv)
+  setup = grid.EQUAL_TUNING["smoke"]
   sweep = sum(len(m.rates) for m in setup.methods)
   runs = sweep + len(setup.methods) * len(setup.final_seeds)
   assert capsys.readouterr().out.count("after ") == runs
@@ -123,9 +124,9 @@ def test_equal_tuning_smoke_trains_selects_and_resumes(
   for m in setup.methods:
     s = summary["methods"][m.key]
     val = {float(r): v for r, v in s["sweep_validation_accuracy"].items()}
-    assert s["chosen_rate"] == equal_tuning.choose(list(val), list(val.values()))
+    assert s["chosen_rate"] == grid.choose(list(val), list(val.values()))
     assert sorted(s["final"], key=int) == [str(sd) for sd in setup.final_seeds]
-    spec = equal_tuning.spec_of(m, setup, s["chosen_rate"], 0)
+    spec = grid.spec_of(m, setup, s["chosen_rate"], 0)
     config = json.loads((out / "runs" / spec.name / "config.json").read_text())
     assert config["parallel"] == "shard_map" and config["learning_rate"] == s["chosen_rate"]
     evals = metrics.read_metrics(out / "runs" / spec.name, "eval")
@@ -133,26 +134,8 @@ def test_equal_tuning_smoke_trains_selects_and_resumes(
     assert evals[-1]["eval_split"] == "test"
   assert "LENA (SA) - LARS (fixed), S = 4, equal tuning | 1 |" in text
   assert (out / "equal_tuning.png").read_bytes()[:4] == b"\x89PNG"
-  assert equal_tuning.main(argv) == text  # resumes: nothing to train
-  assert capsys.readouterr().out.count("finished earlier, skipped") == runs
+  smoke = STUDY.setups["equal_tuning_smoke"]
+  context = driver.Context(out, tmp_path, "equal_tuning_smoke")
+  assert driver.run_cells(smoke.grid, smoke.config, context) == (0, runs)  # nothing to train
   shutil.rmtree(out / "runs")  # what git holds: the archive
-  assert equal_tuning.main([*argv, "--report_only"]) == text
-
-
-@pytest.mark.skipif(not (EQUAL / "summary.json").exists(), reason="the study has not run yet")
-def test_equal_tuning_committed_tables_rebuild_from_the_archive(tmp_path: Path) -> None:
-  """``--report_only`` on the committed archive gives the committed summary and tables byte for
-  byte, every number of the tables is the summary's, and RESULTS.md quotes the paired rows."""
-  shutil.copy(EQUAL / "runs.tar.xz", tmp_path / "runs.tar.xz")
-  text = equal_tuning.main(["--report_only", "--out", str(tmp_path)])
-  for name in ("summary.json", "tables.md"):
-    assert (tmp_path / name).read_bytes() == (EQUAL / name).read_bytes(), name
-  summary = json.loads((EQUAL / "summary.json").read_text())
-  assert md_tables(equal_tuning.tables(summary)) == md_tables(text)
-  for m in summary["methods"].values():
-    for seed, f in m["final"].items():
-      assert f"{seed}: {f['test_accuracy']:.4f}" in text
-  # The paired rows are rows of RESULTS.md's claims table (benchmarks.claims, study "resnet").
-  results = (EQUAL.parents[1] / "RESULTS.md").read_text().splitlines()
-  paired_rows = md_tables(text)[-1].splitlines()[2:]
-  assert paired_rows and all(row in results for row in paired_rows)
+  assert driver.main(STUDY, [*argv, "--report_only"]) == text

@@ -81,6 +81,37 @@ def test_every_page_is_in_the_navigation():
   assert not study_pages - reached, f"studies not in results.md: {sorted(study_pages - reached)}"
 
 
+def test_the_claims_page_is_generated_from_the_committed_json():
+  from benchmarks import claims_page
+  from benchmarks.paired_intervals import paired
+
+  committed = (DOCS / "claims.md").read_text()
+  assert committed == claims_page.render(), (
+    "docs/claims.md differs from the committed JSON: python -m benchmarks.claims_page --write "
+    "docs/claims.md"
+  )
+  assert "(claims.md)" in (DOCS / "results.md").read_text()
+  # The page copies two studies' labels (so that it imports no JAX): they agree.
+  from benchmarks.aladdin.baselines import grid as baselines
+  from benchmarks.aladdin.outer_optimizer import grid as outer
+
+  assert (claims_page.BASELINE_LABELS, claims_page.OUTER_LABELS) == (baselines.LABELS, outer.LABELS)
+  # The verdict words come from the interval and the family's better side.
+  up, flat = paired([3.0, 4.0, 5.0], [1.0, 1.5, 2.0]), paired([1.0, 2.0, 0.0], [1.5, 1.0, 0.5])
+  assert [claims_page.verdict(up, better) for better in (1, -1, 0)] == ["ahead", "behind", "higher"]
+  assert claims_page.verdict(flat, 1) == "not distinguishable"
+  # A family's Bonferroni interval contains its 95% interval, and both verdicts are on the page.
+  rows = [line for line in committed.splitlines() if line.startswith("| ") and "[" in line]
+  assert len(rows) > 150
+  for row in rows:
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    (low, high), (b_low, b_high) = (
+      map(float, c.strip("[]").split(", ")) for c in (cells[-4], cells[-2])
+    )
+    assert b_low <= low <= high <= b_high, row
+    assert cells[-3] in ("ahead", "behind", "not distinguishable", "higher", "lower"), row
+
+
 def _sources_newer_than(built: pathlib.Path) -> bool:
   if not built.exists():
     return True

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.aladdin.training import ALGORITHMS, CLUSTERS, LABELS, save_figure
+from benchmarks.aladdin.protocol import ALGORITHMS, CLUSTERS, LABELS
+from examples import analysis
 from optax_lena.aladdin import simulator as cl
 from optax_lena.aladdin import simulator as sim
 
@@ -82,6 +83,7 @@ def table3(
 
 
 def table3_markdown(t3: dict) -> list[str]:
+  """The Markdown lines of Table 3 (both compute settings) next to the paper's numbers."""
   rows = {(r["model"], r["setting"], r["cluster"], r["alg"]): r for r in t3["rows"]}
   lines = [
     "## Table 3 (shape): speed-up of 8 workers over one (timing-only), ResNet-50 / VGG-16",
@@ -117,12 +119,8 @@ def table3_markdown(t3: dict) -> list[str]:
 
 
 def plot_speedups(out: Path, t3: dict) -> str:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+  """The simulated speed-ups (published compute times) next to the paper's, per model."""
+  fig, axes = analysis.pyplot().subplots(1, 2, figsize=(12, 4), sharey=True)
   rows = {(r["model"], r["setting"], r["cluster"], r["alg"]): r["speedup"] for r in t3["rows"]}
   width = 0.1
   for ax, (mi, model) in zip(axes, enumerate(cl.PAPER_MODELS), strict=True):
@@ -149,5 +147,5 @@ def plot_speedups(out: Path, t3: dict) -> str:
     ax.axhline(8, color="gray", lw=0.5)
   axes[0].set_ylabel("speed-up over one worker")
   axes[1].legend(fontsize=7, ncol=2)
-  save_figure(fig, out / "speedup_table3.png")
+  analysis.save_figure(fig, out / "speedup_table3.png", dpi=110)
   return "speedup_table3.png"

@@ -9,6 +9,13 @@ saves both global models and the actors' nodes.
 ``TEMP_DIR`` and prints ``STARTING`` (before the runtime starts), ``RUNNING`` (training) and
 ``STOPPING`` (training done, shutting down). Exit status 3 with the error on stderr when the
 cluster is lost; 130 / 143 once everything is down after SIGINT / SIGTERM, at any moment.
+
+``python -m tests.aladdin.ray.driver resume CKPT TEMP_DIR SECONDS SLOWDOWN RESTART`` trains
+ALADDIN (2 workers, 2 shards) with checkpoints in ``CKPT``, worker 1 slower by ``SLOWDOWN``;
+``RESTART=1`` has Ray restart shard 1 once a checkpoint exists. It prints ``RESUMED {json}``
+(each shard's restored generation and updates, and whether its x~ is, bit for bit, the array
+the digest of that generation records), ``PIDS {json}`` (driver, workers, shards), ``RUNNING``,
+and ``STOPPED {json}`` after a clean stop.
 """
 
 from __future__ import annotations
@@ -167,14 +174,17 @@ def multinode(out: str) -> None:
   print(json.dumps({**nodes, **placement, **rings, "away": away}))
 
 
-def _runtime(config: ad.Config, temp_dir: str, attempts: int = 3) -> ad.Runtime:
+def _runtime(
+  config: ad.Config, temp_dir: str, attempts: int = 3, stall_timeout: float = 5
+) -> ad.Runtime:
   """Ray waits a fixed 30 s for a new raylet to register, which a loaded 2-core machine can
   miss: only that start-up time-out is retried, after killing what the attempt started."""
   import psutil
 
+  task = helpers.make_task()
   for attempt in range(attempts):
     try:
-      return ad.Runtime(helpers.make_task(), config, num_cpus=1, temp_dir=temp_dir, stall_timeout=5)
+      return ad.Runtime(task, config, num_cpus=1, temp_dir=temp_dir, stall_timeout=stall_timeout)
     except Exception as error:
       if "timed out during startup" not in str(error) or attempt == attempts - 1:
         raise
@@ -217,8 +227,63 @@ def slow_stop(temp_dir: str) -> int:
     return err.exit_code
 
 
+def resume(
+  checkpoint_dir: str, temp_dir: str, seconds: float, slowdown: float, restart: bool
+) -> int:
+  config = ad.Config(
+    algorithm=helpers.spec("aladdin"),
+    num_workers=2,
+    ps_shards=2,
+    checkpoint_dir=checkpoint_dir,
+    checkpoint_every=10,
+    chunk_seconds=0.2,
+    slowdown={1: slowdown} if slowdown > 1 else {},
+  )
+  with _runtime(config, temp_dir, stall_timeout=30) as runtime:
+    shards = runtime.shard_stats()
+    bitwise = helpers.restored_bitwise(runtime, checkpoint_dir)
+    restored = [
+      {"generation": s.restored_generation, "updates": s.restored_updates, "bitwise": same}
+      for s, same in zip(shards, bitwise, strict=True)
+    ]
+    print("RESUMED", json.dumps(restored), flush=True)
+    workers = [w.pid for w in runtime.worker_infos()]
+    pids = {"driver": os.getpid(), "workers": workers, "shards": [s.pid for s in shards]}
+    print("PIDS", json.dumps(pids), flush=True)
+    if restart:
+      helpers.When(
+        lambda: runtime.shard_stats()[1].checkpoints >= 1,
+        lambda: ray.kill(runtime.shards[1], no_restart=False),
+      )
+    print("RUNNING", flush=True)
+    result = runtime.run(seconds, progress=False)
+  stopped = [{"updates": s.global_updates, "restarted": s.restarted} for s in result.shards]
+  print("STOPPED", json.dumps(stopped), flush=True)
+  return 0
+
+
+def private(seconds: float) -> int:
+  """A run as it is started by default (a local node, a checkpoint directory in the home), for
+  the two-user test; prints ``SESSION {json}`` (the session directory, the GCS address) once
+  the actors are up, ``DONE`` after a clean stop."""
+  checkpoints = os.path.join(os.environ["HOME"], "ckpt")
+  config = ad.Config(algorithm=helpers.spec("aladdin"), num_workers=1, checkpoint_dir=checkpoints)
+  with ad.Runtime(helpers.make_task(), config, num_cpus=1, stall_timeout=60) as runtime:
+    node = ray._private.worker._global_node
+    where = {"session": node.get_session_dir_path(), "gcs": ray.get_runtime_context().gcs_address}
+    print("SESSION", json.dumps(where), flush=True)
+    runtime.run(seconds, progress=False)
+  print("DONE", flush=True)
+  return 0
+
+
 def main() -> int:
   try:
+    if sys.argv[1] == "private":
+      return private(float(sys.argv[2]))
+    if sys.argv[1] == "resume":
+      flags = sys.argv[2:7]
+      return resume(flags[0], flags[1], float(flags[2]), float(flags[3]), flags[4] == "1")
     if sys.argv[1] == "slow_stop":
       return slow_stop(sys.argv[2])
     if sys.argv[1] == "ringchild":

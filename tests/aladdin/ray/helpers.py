@@ -48,6 +48,22 @@ def poisoned_batches(worker: int, seed: int) -> Iterator[tuple[np.ndarray, np.nd
     yield (x * np.nan, y) if worker == 1 else (x, y)
 
 
+def slow_restart_then_hang(
+  worker: int, seed: int, *, pause: float, hang_flag: str
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Fault injection from the task's side: :func:`batches`, except that a worker restarted by
+  Ray (the seed of its first restart, ``seed % 1000 == 17``) takes ``pause`` seconds more to
+  start, and that while the file ``hang_flag`` exists no batch comes (a hung worker)."""
+  import time
+
+  if seed % 1000 == 17:
+    time.sleep(pause)
+  for batch in batches(worker, seed):
+    while os.path.exists(hang_flag):
+      time.sleep(0.5)
+    yield batch
+
+
 LR = 0.02  # momentum 0.9 on this problem: stable with the replies' delay on a loaded machine
 
 
@@ -74,6 +90,42 @@ def spec(name: str = "aladdin", **options: Any) -> Any:
 def held_out_loss(params: Any) -> float:
   """The loss on a held-out batch."""
   return float(loss_fn(params, next(batches(99, 99))))
+
+
+def restored_bitwise(runtime: Any, checkpoint_dir: str) -> list[bool]:
+  """Per shard of a runtime that resumed: whether its x~ is, bit for bit, the array that the
+  digest of the generation it restored records (True for a shard that restored none)."""
+  import hashlib
+
+  from optax_lena._src import checkpoint_digest as digest
+  from optax_lena._src.aladdin.ray import shard_checkpoints
+
+  vector = runtime.layout.to_vector(runtime.global_params())
+  same = []
+  for stats, part in zip(runtime.shard_stats(), runtime.layout.split(vector), strict=True):
+    if stats.restored_generation < 0:
+      same.append(True)
+      continue
+    step = shard_checkpoints.shard_dir(checkpoint_dir, stats.shard) / str(stats.restored_generation)
+    record, _ = digest.check_files(step)
+    leaves = record["leaves"] if record else []
+    saved = next((leaf["sha256"] for leaf in leaves if leaf["path"] == "state/params"), None)
+    same.append(hashlib.sha256(np.ascontiguousarray(part).tobytes()).hexdigest() == saved)
+  return same
+
+
+def newest_complete_generation(checkpoint_dir: str) -> int:
+  """The newest generation that some shard finished saving (a digest), -1 if none."""
+  from pathlib import Path
+
+  from optax_lena._src import checkpoint_digest as digest
+
+  done = [
+    int(p.name)
+    for p in Path(checkpoint_dir).glob("shard_*/*")
+    if p.name.isdigit() and (p / digest.DIGEST).exists()
+  ]
+  return max(done, default=-1)
 
 
 def session_processes(marker: str) -> list[Any]:
@@ -131,6 +183,18 @@ def processes_since(marker: str, before: set[int]) -> list[Any]:
   return session_processes(marker) + new_workers
 
 
+def processes_of_user(uid: int) -> list[Any]:
+  """Every live process of ``uid`` (a test's own unprivileged user)."""
+  import psutil
+
+  found = []
+  for proc in psutil.process_iter(["uids"]):
+    with contextlib.suppress(psutil.Error, TypeError):
+      if proc.info["uids"].real == uid:
+        found.append(proc)
+  return found
+
+
 def ray_processes_of(root_pid: int) -> list[Any]:
   """The descendants of ``root_pid`` (a driver that started a local Ray cluster)."""
   import psutil
@@ -165,6 +229,39 @@ def kill_all(processes: list[Any]) -> None:
   for proc in processes:
     with contextlib.suppress(Exception):
       os.kill(proc.pid, signal.SIGKILL)
+
+
+# Unprivileged local users of the security tests (root hands them directories; no account
+# needed).
+RUNNER_UID, OTHER_UID = 50001, 50002
+
+
+def run_as(uid: int, code: str, home: str, timeout: float = 600.0, **popen: Any) -> Any:
+  """Starts ``code`` in a fresh interpreter as the unprivileged user ``uid`` (needs root) and
+  returns the ``subprocess.Popen``: the system interpreter of this Python's version (this one
+  may live where other users cannot read), this environment's packages and the repository on
+  its ``PYTHONPATH``, ``home`` as its ``HOME``."""
+  import shutil
+  import subprocess
+  import sys
+  import sysconfig
+
+  version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+  python = shutil.which(version, path="/usr/bin:/bin:/usr/local/bin") or sys.executable
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  paths = {
+    os.path.dirname(root),
+    sysconfig.get_paths()["purelib"],
+    sysconfig.get_paths()["platlib"],
+  }
+  env = {"PATH": "/usr/bin:/bin", "HOME": home, "PYTHONPATH": ":".join(sorted(paths))}
+
+  def demote() -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+  return subprocess.Popen([python, "-c", code], env=env, preexec_fn=demote, text=True, **popen)
 
 
 class When:

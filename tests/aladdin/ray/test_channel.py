@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from optax_lena._src.aladdin.ray import channel
-from optax_lena._src.aladdin.ray.config import Plan
 from optax_lena._src.aladdin.ray.layout import FlatLayout
 from optax_lena._src.aladdin.ray.outbox import Outbox
+from optax_lena._src.aladdin.ray.plan import Plan
 
 
 @pytest.fixture

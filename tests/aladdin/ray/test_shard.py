@@ -135,7 +135,7 @@ def test_a_call_longer_than_a_block_is_its_messages_in_separate_calls(through_ri
   compiled at start-up): the state and the replies, in order, are those of one call per
   message, its messages and replies in the call or in the worker's shared-memory ring."""
   from optax_lena._src.aladdin.ray import channel
-  from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS
+  from optax_lena._src.aladdin.ray.plan import BLOCK_PERIODS, FOLD_PERIODS
   from optax_lena._src.aladdin.ray.shard import ServerShard
   from optax_lena.aladdin import distributed as ad
 
@@ -166,6 +166,63 @@ def test_a_call_longer_than_a_block_is_its_messages_in_separate_calls(through_ri
     assert (reply[0] is None) == through_ring
     np.testing.assert_array_equal(got, slices)
     jax.tree.map(np.testing.assert_array_equal, folded.state, one_by_one.state)
-    assert folded.counts["global_updates"] == one_by_one.counts["global_updates"] == len(alphas)
+    assert folded.counts.global_updates == one_by_one.counts.global_updates == len(alphas)
   finally:
     channel.remove_rings(run)
+
+
+def test_planted_or_malformed_calls_count_as_one_malformed_message_and_never_raise(
+  tmp_path: Any,
+) -> None:
+  """What another local user or a broken sender can hand a shard: ring records naming a
+  directory, another user's file, a link, a file of another size, or claiming 10**9 messages;
+  arrays of the wrong shape, dtype or length; junk. Each call is refused with a reason, counted
+  as exactly one received and malformed message, and never applied."""
+  import os
+
+  from optax_lena._src.aladdin.ray import channel
+  from optax_lena._src.aladdin.ray.layout import Rejected
+  from optax_lena._src.aladdin.ray.shard import ServerShard
+  from optax_lena.aladdin import distributed as ad
+
+  size = 6
+  config = ad.Config(al.algorithm("aladdin", worker_tx=al.local_optimizer(0.1)), num_workers=2)
+  shard = ServerShard(0, np.zeros(size, np.float32), config)
+  before = np.asarray(shard.state.params).copy()
+  run = channel.run_name()
+  planted = [os.path.join(channel.DIRECTORY, f"{channel.PREFIX}{run}-w0-{n}") for n in range(4)]
+  try:
+    os.mkdir(planted[0])  # a directory where a ring should be
+    with open(planted[1], "wb") as f:  # a file of another user (when root can hand it over)
+      f.write(bytes(4 * size * 3))
+    if os.getuid() == 0:
+      os.chown(planted[1], 12345, 12345)
+    os.symlink("/etc/passwd", planted[2])
+    with open(planted[3], "wb") as f:  # the wrong size for the record's shape
+      f.write(b"\0")
+    yes = np.ones(1, bool)
+    calls = [
+      *(channel.Rows(p, (1, 2, 1, size), "<f4", 0, 1, 0, size) for p in planted),
+      channel.Rows(planted[1], (1, 10**9, 1, size), "<f4", 0, 10**9, 0, size),
+      channel.Rows("/etc/passwd", (1, 1, 1, size), "<f4", 0, 1, 0, size),
+      (np.ones((3, size + 1), np.float32), np.ones(3, bool)),  # the wrong size
+      (np.ones((10**4, size), np.float64), np.ones(10**4, bool)),  # the wrong dtype
+      (np.ones((shard.max_fold + 1, size), np.float32), np.ones(shard.max_fold + 1, bool)),
+      (np.ones((2, size), np.float32), yes),  # verdicts that do not match
+      ("junk", "junk"),
+      (object(), None),
+    ]
+    for n, call in enumerate(calls, start=1):
+      messages, finite = call if isinstance(call, tuple) else (call, yes)
+      reply = shard.receive(0, messages, finite)
+      assert isinstance(reply, Rejected) and reply.reason, (n, reply)
+      assert shard.counts.received == shard.counts.rejected_malformed == n, (n, call)
+    assert isinstance(shard.receive(7, np.ones((1, size), np.float32), yes), Rejected)  # sender
+    assert isinstance(shard.receive(True, np.ones((1, size), np.float32), yes), Rejected)
+    assert shard.counts.rejected_malformed == len(calls) + 2 == shard.counts.calls
+  finally:
+    os.rmdir(planted[0])
+    for path in planted[1:]:
+      os.unlink(path)
+  assert shard.counts.global_updates == 0 and int(shard.state.num_rejected) == 0
+  np.testing.assert_array_equal(np.asarray(shard.state.params), before)

@@ -6,20 +6,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import socket
-import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from optax_lena._src.aladdin.ray import channel
-from optax_lena._src.aladdin.ray.config import ClusterLostError, Config
+from optax_lena._src.aladdin.ray.config import Config
+from optax_lena._src.aladdin.ray.cores import make_private_directory
+from optax_lena._src.aladdin.ray.errors import ClusterLostError
 
 # Ray's switch for "multi-node clusters allowed" doubles as the one that makes a local node
 # advertise, and therefore bind, the loopback address instead of the machine's external IP.
 _LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # The nice level of Ray's worker processes (15 by default; ``docs/ALADDIN-ray.md``, "Priority").
 _NICENESS_ENV = "RAY_worker_niceness"
+# A local node's token: in the environment of the driver and of the processes Ray starts (which
+# only their user can read), never in a file; one per node (``docs/ALADDIN-ray.md``, "Faults and
+# security").
+_TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+_saved_env: dict[str, str | None] | None = None  # what ``connect`` replaced, until ``disconnect``
+# Beyond the session root, Ray's longest Unix socket path (Linux allows 107 bytes).
+_SOCKET_TAIL = len("/session_2026-12-06_10-15-35_435424_4194304/sockets/plasma_store")
 
 
 @contextlib.contextmanager
@@ -43,6 +52,21 @@ def _loopback_node() -> Iterator[None]:
         os.environ.pop(name, None)
       else:
         os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _no_autoscaler_monitor() -> Iterator[None]:
+  """A local node without Ray's autoscaler monitor: a fixed node has nothing to scale, and the
+  monitor serves the node's metrics over HTTP (port 44217) to anyone on the machine, without
+  the token. Restored afterwards."""
+  from ray._private.node import Node
+
+  original = Node.start_monitor
+  Node.start_monitor = lambda self: None  # type: ignore[method-assign]
+  try:
+    yield
+  finally:
+    Node.start_monitor = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -71,16 +95,19 @@ def connect(
 ) -> bool:
   """Starts a secure local Ray cluster, or joins ``address``; returns True if it started one.
 
-  A local cluster binds every Ray service to 127.0.0.1 and starts no dashboard (hence no job
-  submission API) and keeps Ray's token authentication; a remote cluster's TLS and tokens are
-  Ray's own environment variables (``docs/ALADDIN-ray.md``, "Security").
+  A local cluster binds every Ray service to 127.0.0.1, starts no dashboard (hence no job
+  submission API), authenticates every call with a token of its own that no file holds, and
+  keeps its session directory inside a directory only this user can enter
+  (:func:`session_root`); a remote cluster's TLS and tokens are Ray's own environment variables
+  (``docs/ALADDIN-ray.md``, "Faults and security").
 
   Args:
     address: an existing cluster's address (``"host:port"``), or None to start a local one.
     num_cpus: CPUs the local node advertises (the actors themselves request none).
     num_gpus: GPUs the local node advertises (None: the ones Ray detects).
     resources: custom resources of the local node.
-    temp_dir: Ray's session directory root (an absolute path; None: Ray's default).
+    temp_dir: where the private directory of the session root goes (None: the temp
+      directory).
     log_to_driver: forward the actors' stdout/stderr to the driver.
 
   Returns:
@@ -89,6 +116,8 @@ def connect(
 
   Raises:
     ClusterLostError: ``address`` cannot be reached.
+    PermissionError: another user planted the private directory of the session root.
+    ValueError: ``temp_dir`` is too long for Ray's socket paths.
   """
   import ray
 
@@ -114,52 +143,106 @@ def connect(
         "cluster is up, and its TLS / token settings (RAY_USE_TLS, RAY_AUTH_MODE)."
       ) from err
     return False
-  with _loopback_node(), _keep_sigterm_handler():
-    ray.init(
-      # "local": always a new node of our own, never one that another program on this machine
-      # started with `ray start` (which ray.init() would otherwise join).
-      address="local",
-      num_cpus=num_cpus,
-      num_gpus=num_gpus,
-      resources=dict(resources) if resources else None,
-      include_dashboard=False,
-      log_to_driver=log_to_driver,
-      configure_logging=True,
-      logging_level=logging.WARNING,
-      _node_ip_address="127.0.0.1",
-      # Call arguments up to 1 MiB (a fold of a small model's messages) travel inline in the
-      # call, not through the object store (``docs/ALADDIN-ray.md``, "Priority, accelerators").
-      _system_config={"max_direct_call_object_size": 1 << 20},
-      _temp_dir=None if temp_dir is None else os.path.abspath(temp_dir),
-    )
-  tighten_local_files()
+  root = session_root(temp_dir)
+  _use_private_token()
+  try:
+    with _loopback_node(), _no_autoscaler_monitor(), _keep_sigterm_handler():
+      ray.init(
+        # "local": always a new node of our own, never one that another program on this machine
+        # started with `ray start` (which ray.init() would otherwise join).
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        resources=dict(resources) if resources else None,
+        include_dashboard=False,
+        log_to_driver=log_to_driver,
+        configure_logging=True,
+        logging_level=logging.WARNING,
+        _node_ip_address="127.0.0.1",
+        _system_config={
+          # Call arguments up to 1 MiB (a fold of a small model's messages) travel inline in
+          # the call, not through the object store (``docs/ALADDIN-ray.md``, "Priority,
+          # accelerators").
+          "max_direct_call_object_size": 1 << 20,
+          # No Prometheus endpoint: it serves the node's metrics over HTTP to anyone who
+          # reaches the port, without the token.
+          "enable_metrics_collection": False,
+        },
+        _temp_dir=root,
+      )
+  except BaseException:
+    _restore_env()
+    raise
   return True
 
 
-def _make_private(path: Path, mode: int) -> None:
-  """``chmod path mode`` if ``path`` is this user's own file or directory (never a link)."""
-  with contextlib.suppress(OSError):
-    info = os.lstat(path)
-    if info.st_uid == os.getuid() and not stat.S_ISLNK(info.st_mode):
-      os.chmod(path, mode)
+def session_root(temp_dir: str | None = None) -> str:
+  """The root of a local node's session directories: ``ray`` inside a directory only this user
+  can enter (``optax_lena-<uid>``, mode 0700, under ``temp_dir`` or the temp directory). Ray
+  opens the root and the sessions in it to everyone (mode 0777) and the session holds the
+  node's sockets and logs; the private directory above them keeps every other user out.
 
-
-def tighten_local_files() -> None:
-  """Closes what Ray leaves open to other local users of a node this process started.
-
-  On loopback the token is the only barrier between another local user and the cluster, and Ray
-  writes it world-readable (``~/.ray/auth_token``, 0644 in a 0755 directory) and makes its
-  session directory (its sockets and logs) 0777: both become the user's own (0600 / 0700).
+  Raises:
+    PermissionError: the private directory is not this user's alone (planted by another user).
+    ValueError: a ``temp_dir`` so long that Ray's Unix socket paths would not fit.
   """
+  parent = None
+  if temp_dir is not None:
+    parent = Path(os.path.abspath(temp_dir))
+    parent.mkdir(parents=True, exist_ok=True)
+  try:
+    root = str(make_private_directory(parent) / "ray")
+  except PermissionError as err:
+    raise PermissionError(f"No private directory for Ray's session: {err}.") from err
+  if len(root) + _SOCKET_TAIL > 107:
+    raise ValueError(
+      f"temp_dir={temp_dir!r} is too long: Ray's Unix sockets under {root} would exceed the "
+      f"107 bytes of a socket path. Give a shorter one (at most {107 - _SOCKET_TAIL - 20} "
+      "characters, e.g. a directory under /tmp)."
+    )
+  return root
+
+
+def _use_private_token() -> None:
+  """A fresh token for the node about to start, in this process's environment (inherited by
+  the node's processes)."""
+  global _saved_env
+  if _saved_env is None:
+    _saved_env = {name: os.environ.get(name) for name in _TOKEN_ENV}
+  os.environ["RAY_AUTH_MODE"] = "token"
+  os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+  _reload_token()
+
+
+def _reload_token() -> None:
+  """Makes this process's Ray read the environment's mode and token again (both are cached
+  from the first use, which may precede ``connect``)."""
+  from ray import _raylet  # compiled: its stubs do not list these
+
+  _raylet.Config.initialize("")  # type: ignore[attr-defined]
+  _raylet.AuthenticationTokenLoader.instance().reset_cache()  # type: ignore[attr-defined]
+
+
+def _restore_env() -> None:
+  global _saved_env
+  if _saved_env is None:
+    return
+  for name, value in _saved_env.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+  _saved_env = None
+  _reload_token()
+
+
+def disconnect() -> None:
+  """Shuts down Ray in this process and forgets the local node's token (the environment as it
+  was before :func:`connect`)."""
   import ray
 
-  token = Path.home() / ".ray" / "auth_token"
-  _make_private(token.parent, 0o700)
-  _make_private(token, 0o600)
-  node = getattr(ray._private.worker, "_global_node", None)  # private: skipped if it moves
-  session = getattr(node, "get_session_dir_path", None)
-  if session is not None:
-    _make_private(Path(session()), 0o700)
+  ray.shutdown()
+  _restore_env()
 
 
 def gcs_reachable(timeout: float = 2.0) -> bool:

@@ -1,4 +1,6 @@
-"""A worker's messages to the PS shards on its own node, and their replies, through a
+"""Shared-memory rings that carry a worker's messages to the PS shards of its node.
+
+A worker's messages to the PS shards on its own node, and their replies, go through a
 shared-memory :class:`Ring` of its own in ``/dev/shm``, whose rows a Ray call names by a
 :class:`Rows` record (``docs/ALADDIN-ray.md``, "Shared memory on one node", says why and gives
 the ring's life cycle).

@@ -1,5 +1,5 @@
-"""What the Ray runtime trains (:class:`Task`), how (:class:`Config`), what it measured
-(:class:`RunResult`) and its errors; every knob is checked here, where the user sets it."""
+"""What the Ray runtime trains (:class:`Task`) and how (:class:`Config`); every knob is checked
+here, where the user sets it, before any actor starts."""
 
 from __future__ import annotations
 
@@ -11,36 +11,43 @@ from typing import Any
 
 import numpy as np
 
+from optax_lena._src.aladdin import algorithms
+from optax_lena._src.aladdin.batches import batch_stream
+from optax_lena._src.aladdin.ray.plan import Plan
+
 PyTree = Any
-
-
-class ClusterLostError(RuntimeError):
-  """The driver lost its Ray cluster (GCS unreachable, or no actor answers)."""
-
-
-class Interrupted(KeyboardInterrupt):
-  """The run was stopped by SIGINT (Ctrl-C) or SIGTERM, ``signum``; everything has been shut
-  down. A program exits with ``exit_code`` (130 or 143)."""
-
-  def __init__(self, signum: int):
-    super().__init__(f"stopped by signal {signum}")
-    self.signum = signum
-
-  @property
-  def exit_code(self) -> int:
-    return 128 + self.signum
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """What to train; shipped (cloudpickled) to every actor. The optimizers belong to the
-  algorithm (``Config.algorithm``, e.g. ``al.algorithm("aladdin", worker_tx=tx)``).
+  """What to train; shipped (cloudpickled) to every actor.
+
+  The optimizers belong to the algorithm (``Config.algorithm``, e.g.
+  ``al.algorithm("aladdin", worker_tx=tx)``).
 
   Attributes:
-    loss_fn: ``loss_fn(params, batch) -> scalar loss``.
+    loss_fn: ``loss_fn(params, batch) -> scalar loss`` (pure, jittable).
     init_params: the initial model (a pytree of floating-point arrays).
-    batches: ``batches(worker, seed) -> iterator`` of that worker's mini-batches, endless.
+    batches: ``batches(worker, seed) -> iterator`` of that worker's mini-batches, endless; a
+      worker that Ray restarts calls it again with another seed.
     batch_size: samples per mini-batch (for throughput).
+
+  Raises:
+    TypeError: ``loss_fn`` or ``batches`` is not callable, or ``batch_size`` is not an int.
+    ValueError: ``batch_size < 1``.
+
+  Examples:
+    >>> import numpy as np
+    >>> from optax_lena.aladdin import distributed as ad
+    >>> def batches(worker, seed):
+    ...   rng = np.random.default_rng([seed, worker])
+    ...   while True:
+    ...     x = rng.normal(size=(16, 4)).astype(np.float32)
+    ...     yield x, x.sum(axis=1)
+    >>> task = ad.Task(lambda p, b: ((b[0] @ p - b[1]) ** 2).mean(), np.zeros(4, np.float32),
+    ...                batches, batch_size=16)
+    >>> next(task.batches(0, 0))[0].shape
+    (16, 4)
   """
 
   loss_fn: Callable[[PyTree, Any], Any]
@@ -58,10 +65,17 @@ class Task:
 
   @classmethod
   def from_problem(cls, problem: Any, batch_size: int) -> Task:
-    """The task of a simulator problem (``sim.Problem``): its ``loss_fn`` and ``params``, and
-    the simulator's batches (``batches(w, s)``: worker ``w``'s stream with ``seed=s``)."""
-    from optax_lena._src.aladdin.sim.compute import batch_stream
+    """The task of a simulator problem: its ``loss_fn`` and ``params``, and the simulator's
+    batches.
 
+    Args:
+      problem: a ``sim.Problem``.
+      batch_size: samples per mini-batch.
+
+    Returns:
+      A :class:`Task` whose ``batches(w, s)`` is the stream the simulator gives worker ``w``
+      with ``seed=s`` (``optax_lena._src.aladdin.batches.batch_stream``).
+    """
     x, y = problem.x_train, problem.y_train
 
     def batches(worker: int, seed: int) -> Iterator[Any]:
@@ -70,51 +84,32 @@ class Task:
     return cls(problem.loss_fn, problem.params, batches, batch_size)
 
 
-# ALADDIN's calls carry up to this many periods of a worker's messages: a worker that outruns
-# its calls folds what it queued into the next one instead of waiting (back-pressure).
-FOLD_PERIODS = 8
-# A shard applies a call's messages in blocks of up to this many periods, one compiled call
-# each: it compiles every block size before the run, and a larger one costs seconds more.
-BLOCK_PERIODS = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """How a worker's messages travel to the PS shards: computed once, on the driver, from the
-  spec (``iteration.plan(spec)``) and shipped in the :class:`Config` to every worker and shard.
-
-  Attributes:
-    period: messages of a worker per reply at most (ALADDIN's period; 1 for the others); a
-      call of more than ``period`` messages carries a multiple of it.
-    max_fold: messages one call may carry.
-    block: messages a shard applies in one compiled call (``max_fold`` at most).
-  """
-
-  period: int
-  max_fold: int
-  block: int
-
-  def __post_init__(self) -> None:
-    object.__setattr__(self, "block", min(self.block, self.max_fold))
-
-  @property
-  def reply_slots(self) -> int:
-    """Replies one call may bring back: a worker triggers at most once per ``period``."""
-    return -(-self.max_fold // self.period)
-
-  def block_sizes(self) -> list[int]:
-    """The call sizes a shard compiles: up to a period (flushes, slow steps) and whole
-    periods up to a block."""
-    p, b = self.period, self.block
-    return sorted({*range(1, min(p, b) + 1), *range(p, b + 1, p)})
-
-
 def _positive(name: str, value: Any, integer: bool = False, zero: bool = False) -> None:
   types = (int, np.integer) if integer else (int, float, np.integer, np.floating)
   ok = not isinstance(value, bool) and isinstance(value, types) and math.isfinite(value)
   if not (ok and (value >= 0 if zero else value > 0)):
     kind = "an int (e.g. 2, not 2.0)" if integer else "a finite number"
     raise ValueError(f"Config: {name} must be {kind} {'>= 0' if zero else '> 0'}, got {value!r}.")
+
+
+def _check_checkpoint_dir(path: str, num_shards: int) -> None:
+  """Refuses a ``checkpoint_dir`` that cannot be a directory of the shards' directories: a
+  file there or at ``shard_<k>``, or no directory to make it in (the runtime then makes them and
+  writes a probe in each, before any actor starts)."""
+  for target in [path, *(os.path.join(path, f"shard_{k}") for k in range(num_shards))]:
+    if os.path.lexists(target) and not os.path.isdir(target):
+      raise ValueError(
+        f"Config: checkpoint_dir={path!r} cannot hold the shards' checkpoints: {target} exists "
+        "and is not a directory. Remove it, or give another checkpoint_dir."
+      )
+  parent = os.path.dirname(path)
+  while not os.path.lexists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(
+      f"Config: checkpoint_dir={path!r} cannot be made: {parent} is not a directory. Give a "
+      "path under a directory you can write."
+    )
 
 
 def _resources(name: str, value: Mapping[str, float] | None) -> None:
@@ -128,7 +123,11 @@ def _resources(name: str, value: Mapping[str, float] | None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """How to train (``docs/ALADDIN-ray.md`` describes what each knob does to the run).
+  """How to train, checked where it is made, before any actor starts.
+
+  ``docs/ALADDIN-ray.md`` describes what each knob does to the run. The algorithm's Ray
+  iteration (``entry(name).engine("ray")``) derives the transport :attr:`plan` from the spec and
+  checks the options it cannot run with (``Iteration.plan``, ``Iteration.check``).
 
   Attributes:
     algorithm: the algorithm and its options, a spec of ``optax_lena.aladdin``
@@ -139,8 +138,9 @@ class Config:
       every iteration.
     checkpoint_dir: directory of the shards' Orbax checkpoints (None: none); a run started on
       one that holds checkpoints resumes from them. Made absolute here, on the driver.
-    checkpoint_every: a shard saves after the call that brings its global updates since the
-      last save to this many.
+    checkpoint_every: global updates between checkpoints: once shard 0 has made this many
+      since the last one (read about twice a second), every shard saves the next run-wide
+      generation.
     fold: ALADDIN: messages a worker queues before it makes a call to each shard (1 to 8
       periods; None: whole periods, as many as its step computes in ``fold_seconds``).
     fold_seconds: the compute time that a default ``fold`` spans.
@@ -162,6 +162,29 @@ class Config:
       instead of trusting the worker's verdict.
     shared_memory: a worker whose PS shards all run on its node passes messages and replies
       through a shared-memory ring; elsewhere, or False, they travel in the calls.
+    plan: the transport plan (``Plan``), derived from the spec (not an argument).
+
+  Raises:
+    TypeError: ``algorithm`` is neither a spec nor a name.
+    ValueError: an option out of range or of the wrong type (the message names the valid
+      values), an algorithm without a Ray iteration, or an option its iteration cannot run.
+
+  References:
+    Ko, Choi, Jei, Lee, Kim, "ALADDIN: Asymmetric Centralized Training for Distributed Deep
+    Learning", CIKM 2021: the defaults of the spec are the recipe measured in
+    ``docs/ALADDIN.md`` (update messages, period 4, alpha 0.5).
+
+  Examples:
+    >>> from optax_lena import aladdin as al
+    >>> from optax_lena.aladdin import distributed as ad
+    >>> spec = al.algorithm("aladdin", worker_tx=al.local_optimizer(0.05), period=2)
+    >>> config = ad.Config(algorithm=spec, num_workers=4, ps_shards=2)
+    >>> config.plan
+    Plan(period=2, max_fold=16, block=8)
+    >>> ad.Config(algorithm=spec, num_workers=2.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: Config: num_workers must be an int (e.g. 2, not 2.0) > 0, got 2.0.
   """
 
   algorithm: Any = "aladdin"
@@ -188,9 +211,6 @@ class Config:
   plan: Plan = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self) -> None:
-    from optax_lena._src.aladdin import algorithms
-    from optax_lena._src.aladdin.ray import iterations  # noqa: F401 - attaches Ray's pieces
-
     spec = self.algorithm
     if isinstance(spec, str):
       spec = algorithms.algorithm(spec)
@@ -201,10 +221,6 @@ class Config:
       )
     iteration = algorithms.entry(spec.name).engine("ray")  # an error listing what Ray runs
     spec.check_trainable()
-    if getattr(spec, "reply_every", None) is not None:
-      raise ValueError("Config: reply_every (a simulator ablation) is not supported on Ray.")
-    if getattr(spec, "overlap", 1) == 0 and self.deterministic:
-      raise ValueError("Config: SGP with overlap=0 cannot run the deterministic lockstep.")
     object.__setattr__(self, "algorithm", spec)
     object.__setattr__(self, "plan", iteration.plan(spec))
     for name in ("num_workers", "ps_shards", "checkpoint_every", "max_inflight"):
@@ -215,8 +231,9 @@ class Config:
       _positive("fold", self.fold, integer=True)
       if self.fold > self.plan.max_fold:
         raise ValueError(
-          f"Config: fold={self.fold} exceeds the {self.plan.max_fold} messages one call may "
-          f"carry ({FOLD_PERIODS} periods of ALADDIN, 1 for the other algorithms)."
+          f"Config: fold={self.fold} exceeds the {self.plan.max_fold} messages one call of "
+          f"{spec.name} may carry; give fold <= {self.plan.max_fold}, or None (whole periods "
+          "that span fold_seconds of the step)."
         )
     for name in ("worker_gpus", "server_gpus"):
       gpus = getattr(self, name)
@@ -240,8 +257,8 @@ class Config:
       isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
     ):
       raise ValueError(f"Config: worker_nice must be None or an int in [0, 19], got {nice!r}.")
-    if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-      raise ValueError(f"Config: seed must be an int, got {self.seed!r}.")
+    if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+      raise ValueError(f"Config: seed must be an int >= 0 (e.g. seed=0), got {self.seed!r}.")
     if (path := self.checkpoint_dir) is not None:
       if not isinstance(path, str | os.PathLike) or not os.fspath(path):
         raise ValueError(
@@ -252,7 +269,9 @@ class Config:
         raise ValueError(
           f"Config: checkpoint_dir needs parameter-server shards; {spec.name!r} has none."
         )
-      object.__setattr__(self, "checkpoint_dir", os.path.abspath(os.fspath(path)))
+      path = os.path.abspath(os.fspath(path))
+      _check_checkpoint_dir(path, self.ps_shards)
+      object.__setattr__(self, "checkpoint_dir", path)
     if not isinstance(self.slowdown, Mapping):
       raise ValueError(
         f"Config: slowdown must map worker indices to factors, got {self.slowdown!r}."
@@ -269,119 +288,9 @@ class Config:
         )
     _resources("worker_resources", self.worker_resources)
     _resources("server_resources", self.server_resources)
+    iteration.check(spec, self)
 
   @property
   def spec(self) -> Any:
     """The algorithm's spec (``algorithm`` after validation)."""
     return self.algorithm
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardStats:
-  """A PS shard's counters (``Runtime.shard_stats()``, ``RunResult.shards``).
-
-  Attributes:
-    shard, pid, nice, threads_limited, node_id: its index, process, priority, whether XLA's
-      intra-op pool is limited, its Ray node.
-    received: messages received (each folded one counted): the accepted ones plus both
-      rejection counts; calls: Ray calls.
-    rejected_malformed, rejected_by_server: messages refused as malformed (shape, dtype,
-      sender, ring rows) and by the server state (non-finite).
-    global_updates, checkpoints, restored_updates: updates so far (counted from the restored
-      step), checkpoints saved, the step restored at start (-1: none).
-    restarted: Ray restarted this actor.
-  """
-
-  shard: int
-  pid: int
-  nice: int
-  threads_limited: bool
-  received: int
-  calls: int
-  rejected_malformed: int
-  global_updates: int
-  rejected_by_server: int
-  checkpoints: int
-  restored_updates: int
-  restarted: bool
-  node_id: str
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerInfo:
-  """A worker's identity, totals, transport and placement (``Runtime.worker_infos()``,
-  ``RunResult.workers``).
-
-  Attributes:
-    worker, pid, incarnation, start_updates, loss: its index, process, restarts by Ray, the
-      global updates of the model it (re)started from, its last loss.
-    iterations, compute_s, sleep_s, wait_s, busy_s: totals over its calls (seconds in its
-      step, asleep as a straggler, blocked on other processes, in its iterations).
-    merges: replies merged, models adopted or gossip messages mixed (0 for AR-SGD).
-    sent, calls, shared_memory, fold: messages sent per shard, Ray calls per shard, whether
-      they travel through a shared-memory ring, messages it queues before a call.
-    node_id, devices, accelerator_ids, cuda_visible_devices, nice, threads_limited, cores: its
-      Ray node, JAX's devices, the accelerators Ray assigned, the visible CUDA devices, its
-      priority, whether XLA's intra-op pool is limited, the cores its step is pinned to.
-  """
-
-  worker: int
-  pid: int
-  incarnation: int
-  start_updates: int
-  loss: float
-  iterations: int
-  compute_s: float
-  sleep_s: float
-  wait_s: float
-  busy_s: float
-  merges: int
-  sent: list[int]
-  calls: int
-  shared_memory: bool
-  fold: int
-  node_id: str
-  devices: list[str]
-  accelerator_ids: dict[str, list[str]]
-  cuda_visible_devices: str | None
-  nice: int
-  threads_limited: bool
-  cores: list[int]
-
-
-@dataclasses.dataclass
-class RunResult:
-  """What a run measured; it follows ``al.Result``, which describes ``algorithm``, ``samples``,
-  ``throughput``, ``iterations``, ``curve`` and ``final_params``, in wall-clock seconds.
-
-  Attributes:
-    wall_s: seconds from the first scheduled chunk to the last result.
-    wait_fraction: per worker, time blocked on other processes / time in its iterations.
-    compute_fraction: per worker, time in its local step / time in its iterations.
-    merges: per worker, its :class:`WorkerInfo` ``merges``.
-    curve_iterations: the iterations of all workers together at each evaluation.
-    shards: each shard's counters at the end (:class:`ShardStats`).
-    workers: each worker's identity and totals at the end (:class:`WorkerInfo`).
-  """
-
-  algorithm: str
-  wall_s: float
-  samples: int
-  throughput: float
-  iterations: list[int]
-  wait_fraction: list[float]
-  compute_fraction: list[float]
-  merges: list[int]
-  curve: list[tuple[float, float]]
-  curve_iterations: list[int]
-  shards: list[ShardStats]
-  workers: list[WorkerInfo]
-  final_params: PyTree
-
-  def summary(self) -> dict[str, Any]:
-    """A JSON-friendly dict of everything but ``final_params`` (the records as dicts)."""
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    out.pop("final_params")
-    out["shards"] = [dataclasses.asdict(s) for s in self.shards]
-    out["workers"] = [dataclasses.asdict(w) for w in self.workers]
-    return out

@@ -1,8 +1,10 @@
-"""Where an actor's threads run: the size of XLA's CPU pool, and a worker's step on cores of its
-own, claimed by an exclusive ``flock`` on a per-core lock file (``docs/ALADDIN-ray.md``,
-"Cores"). The lock files live in a directory of the user's own (mode 0700, checked to be theirs
-and not a link) and are opened without following links; any failure to open or lock one means
-only that the core is not claimable (logged).
+"""Where an actor's threads run: XLA's CPU pool and a worker's own cores.
+
+The size of XLA's CPU pool, and a worker's step on cores of its own, claimed by an exclusive
+``flock`` on a per-core lock file (``docs/ALADDIN-ray.md``, "Cores"). The lock files live in a
+directory of the user's own (mode 0700, checked to be theirs and not a link) and are opened
+without following links; any failure to open or lock one means only that the core is not
+claimable (logged).
 """
 
 from __future__ import annotations
@@ -58,28 +60,36 @@ def set_affinity(tids: Iterable[int], cpus: Iterable[int]) -> None:
 _log = logging.getLogger(__name__)
 
 
-def private_directory(parent: Path | None = None) -> Path | None:
+def make_private_directory(parent: Path | None = None) -> Path:
   """A directory only this user can enter: ``optax_lena-<uid>`` under ``parent`` (default: the
-  temp directory), created with mode 0700 if missing. None (logged) where it cannot be made, or
-  where what is there is a link, not a directory, another user's, or open to others."""
+  temp directory), created with mode 0700 if missing.
+
+  Raises:
+    PermissionError: what is there is a link, not a directory, another user's, or open to
+      others (the message names it and the fix).
+    OSError: no temp directory, or the directory cannot be made or read.
+  """
   uid = os.getuid()
-  try:  # gettempdir fails where no temp directory is usable at all
-    path = (parent or Path(tempfile.gettempdir())) / f"optax_lena-{uid}"
-    with contextlib.suppress(FileExistsError):  # checked below, like a new one
-      os.mkdir(path, 0o700)
-    info = os.lstat(path)
+  path = (parent or Path(tempfile.gettempdir())) / f"optax_lena-{uid}"
+  with contextlib.suppress(FileExistsError):  # checked below, like a new one
+    os.mkdir(path, 0o700)
+  info = os.lstat(path)
+  if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
+    raise PermissionError(
+      f"{path} is not a private directory of uid {uid} (a link, a file, another owner, or open "
+      "to others): remove it, or choose another parent directory"
+    )
+  return path
+
+
+def private_directory(parent: Path | None = None) -> Path | None:
+  """:func:`make_private_directory` for the core locks, or None (logged: steps are not
+  pinned) where it cannot be made."""
+  try:
+    return make_private_directory(parent)
   except OSError as error:
     _log.warning("no directory for core locks (%s): steps are not pinned", error)
     return None
-  if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
-    _log.warning(
-      "%s is not a private directory of uid %d (a link, a file, another owner, or open to others;"
-      " remove it): steps are not pinned",
-      path,
-      uid,
-    )
-    return None
-  return path
 
 
 def _open_lock(path: Path) -> int | None:

@@ -1,5 +1,6 @@
-"""One iteration per algorithm on a worker's explicit :class:`Local` state, attached to the
-algorithm registry of ``optax_lena.aladdin`` (``entry(name).engine("ray")``).
+"""The iterations of ALADDIN and the baselines on Ray, attached to the algorithm registry of
+``optax_lena.aladdin`` (``entry(name).engine("ray")``) through the public seam
+(:mod:`~optax_lena._src.aladdin.ray.seam`) that any new algorithm uses too.
 
 The worker math is the spec's program (``spec.program``, the simulator's too): an iteration only
 moves its messages, times them and compiles the program's pieces around the flat wire format.
@@ -10,11 +11,7 @@ compiled call (Eq. 3 between two steps).
 from __future__ import annotations
 
 import collections
-import dataclasses
-import math
-import statistics
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -22,110 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from optax_lena._src.aladdin import algorithms
-from optax_lena._src.aladdin.ray.config import BLOCK_PERIODS, FOLD_PERIODS, Plan
+from optax_lena._src.aladdin.ray.config import Config
 from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.plan import BLOCK_PERIODS, FOLD_PERIODS, Plan
+from optax_lena._src.aladdin.ray.records import Stats
 from optax_lena._src.aladdin.ray.rendezvous import Mailbox, Reducer
+from optax_lena._src.aladdin.ray.schedulers import Rounds
+from optax_lena._src.aladdin.ray.seam import Driver, Iteration, Links, Local, runs, timed
 from optax_lena._src.aladdin.server import Reply, all_finite
-
-Stats = dict[str, float]
 
 # ALADDIN's steps dispatched beyond the one whose message it reads, in a run until a deadline
 # (``docs/ALADDIN-ray.md``, "Cores", says why).
 STEPS_AHEAD = 2
-
-
-# ``@runs("name")`` (or a spec class: its registered subclasses) attaches an iteration.
-runs = algorithms.attacher("ray")
-
-
-def timed(fn: Any, *args: Any) -> tuple[Any, float]:
-  """``fn(*args)`` waited for, and its seconds."""
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(fn(*args))
-  return out, time.perf_counter() - t0
-
-
-@dataclasses.dataclass(eq=False)
-class Local:
-  """What an iteration runs on: the worker's program and its state, data and transport (the
-  outbox to the PS shards, :class:`ReducerLink` or :class:`MailboxLink`); ``slowdown``: the
-  emulated straggler's factor; ``merges``: replies merged, models adopted or messages mixed."""
-
-  index: int
-  program: Any
-  layout: FlatLayout
-  state: Any
-  batches: Iterator[Any]
-  transport: Any
-  num_workers: int
-  slowdown: float = 1.0
-  iteration: int = 0
-  last_loss: Any = math.nan
-  merges: int = 0
-
-  def sleep_for(self, compute_s: float) -> float:
-    """The emulated straggler: sleeps ``(slowdown - 1)`` times the compute time."""
-    if self.slowdown <= 1.0:
-      return 0.0
-    pause = (self.slowdown - 1.0) * compute_s
-    time.sleep(pause)
-    return pause
-
-
-def _stats(compute: float, sleep: float, wait: float) -> Stats:
-  return {"compute_s": compute, "sleep_s": sleep, "wait_s": wait}
-
-
-class Iteration:
-  """What every algorithm's iteration has (subclass per message pattern; ``@ad.runs(name)``
-  attaches one): :meth:`iterate` on ``self.local`` and ``self.spec``; by default its workers
-  talk to PS shards (:meth:`start_peers`, :meth:`global_params`)."""
-
-  plain: Any  # the jitted local step without a merge: ``plain(state, batch)``
-
-  def __init__(self, local: Local, spec: Any):
-    self.local, self.spec = local, spec
-
-  @staticmethod
-  def start_peers(driver: Any, ray: Any) -> None:
-    """Starts the actors this algorithm's workers talk to (``driver.shards`` or ``.peers``)."""
-    driver._start_shards(ray)
-
-  @staticmethod
-  def global_params(driver: Any, timeout: float | None) -> Any:
-    """The global model: the shards' x~ (ALADDIN, ASP, EASGD)."""
-    replies = driver._get([s.params.remote() for s in driver.shards], timeout)
-    return driver.layout.to_tree(driver.layout.join([p for p, _ in replies]))
-
-  def iterate(self, sync: bool, deadline: float | None) -> Stats:
-    """One iteration (``sync``: waiting for every reply; ``deadline``: ``time.time()`` at which
-    the run ends); returns its ``compute_s``, ``sleep_s`` and ``wait_s`` (``skipped``: 1.0 if
-    it did not count)."""
-    raise NotImplementedError
-
-  def warm_up(self, batch: Any) -> None:
-    """Compiles every piece before the run (results discarded)."""
-
-  def finish(self) -> Stats | None:
-    """Completes a step dispatched ahead; called until None at the end of a chunk."""
-    return None
-
-  def flush(self) -> float:
-    """Sends what is queued and applies every reply; returns the seconds waited."""
-    return 0.0
-
-  def local_params(self) -> Any:
-    """The worker's model (SGP: de-biased), every pending reply applied."""
-    return self.local.program.params(self.local.state)
-
-  @staticmethod
-  def plan(spec: Any) -> Any:
-    """How this algorithm's messages travel (one message per call, a reply to each)."""
-    return Plan(period=1, max_fold=1, block=1)
-
-  def step_time(self, batch: Any) -> float:
-    """The median seconds of 5 local steps (results discarded: the model does not move)."""
-    return statistics.median(timed(self.plain, self.local.state, batch)[1] for _ in range(5))
 
 
 def flat_reply(layout: FlatLayout, global_flat: Any, alphas: Any) -> Any:
@@ -243,10 +148,15 @@ class AladdinIteration(Served):
   arrived; in a run until a deadline, ``STEPS_AHEAD`` steps are in flight."""
 
   @staticmethod
-  def plan(spec: Any) -> Any:
+  def plan(spec: algorithms.Aladdin) -> Plan:
     """Calls of up to ``FOLD_PERIODS`` periods, applied in blocks of ``BLOCK_PERIODS``."""
-    period = int(spec.period)
+    period = spec.period
     return Plan(period=period, max_fold=FOLD_PERIODS * period, block=BLOCK_PERIODS * period)
+
+  @staticmethod
+  def check(spec: algorithms.Aladdin, config: Config) -> None:
+    if spec.reply_every is not None:
+      raise ValueError("Config: reply_every (a simulator ablation) is not supported on Ray.")
 
   def __init__(self, local: Local, spec: Any):
     super().__init__(local, spec)
@@ -258,7 +168,7 @@ class AladdinIteration(Served):
       # Steps waited for: the deterministic schedule (every reply merged before the next
       # message), a run bounded by iterations, a straggler (its sleep is in proportion to them).
       message, finite, compute, sleep = self.step()
-      return _stats(compute, sleep, self.exchange(message, finite, wait_reply=sync))
+      return Stats.iteration(compute, sleep, self.exchange(message, finite, wait_reply=sync))
     while len(self.inflight) < STEPS_AHEAD:
       self.inflight.append(self.dispatch())
     return self._complete(ahead=True)
@@ -277,8 +187,8 @@ class AladdinIteration(Served):
     ready = time.perf_counter()
     since = ready - max(dispatched, self.last_ready)
     compute = max(0.0, since - self.waited)
-    stats = _stats(compute, 0.0, self.exchange(message, ok, wait_reply=False))
-    self.last_ready, self.waited = ready, stats["wait_s"]
+    stats = Stats.iteration(compute, 0.0, self.exchange(message, ok, wait_reply=False))
+    self.last_ready, self.waited = ready, stats.wait_s
     return stats
 
 
@@ -290,7 +200,7 @@ class ExchangeIteration(Served):
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     message, finite, compute, sleep = self.step()
     exchange = (self.local.iteration + 1) % self.spec.exchange_every == 0
-    return _stats(compute, sleep, self.exchange(message, finite) if exchange else 0.0)
+    return Stats.iteration(compute, sleep, self.exchange(message, finite) if exchange else 0.0)
 
 
 class ReducerLink:
@@ -310,7 +220,9 @@ class ReducerLink:
 @runs("ar_sgd")
 class ArSgdIteration(Iteration):
   """Synchronous: the gradient, all-reduced by the reducers (a barrier), the same step on every
-  worker."""
+  worker; one reducer per slice of the model, rounds of iterations."""
+
+  scheduler = Rounds
 
   def __init__(self, local: Local, spec: Any):
     super().__init__(local, spec)
@@ -327,14 +239,18 @@ class ArSgdIteration(Iteration):
     self.apply = jax.jit(program.apply)
 
   @staticmethod
-  def start_peers(driver: Any, ray: Any) -> None:
+  def start_peers(driver: Driver) -> list[Any]:
     n, shards = driver.config.num_workers, driver.config.ps_shards
-    driver.peers = [driver._start_meeting(ray, Reducer, n) for _ in range(shards)]
+    return [driver.start_meeting(Reducer, n) for _ in range(shards)]
 
   @staticmethod
-  def global_params(driver: Any, timeout: float | None) -> Any:
+  def transport(links: Links) -> ReducerLink:
+    return ReducerLink(list(links.peers), links.layout)
+
+  @staticmethod
+  def global_params(driver: Driver, timeout: float | None) -> Any:
     """Worker 0's model (every worker holds the same)."""
-    return driver._get(driver.workers[0].get_params.remote(), timeout)
+    return driver.worker_params(timeout, [0])[0]
 
   def warm_up(self, batch: Any) -> None:
     (flat, _, _), _ = timed(self.plain, self.local.state, batch)
@@ -346,7 +262,7 @@ class ArSgdIteration(Iteration):
     sleep = local.sleep_for(compute)
     total, wait = timed(local.transport.allreduce, local.iteration, local.index, np.asarray(flat))
     local.state = self.apply(local.state, local.layout.to_tree(total))
-    return _stats(compute, sleep, wait)
+    return Stats.iteration(compute, sleep, wait)
 
 
 class MailboxLink:
@@ -389,15 +305,24 @@ class SgpIteration(Iteration):
     self.plain, self.mix = jax.jit(step), jax.jit(mix)
 
   @staticmethod
-  def start_peers(driver: Any, ray: Any) -> None:
-    driver.peers = [driver._start_meeting(ray, Mailbox)]
+  def check(spec: algorithms.Sgp, config: Config) -> None:
+    if spec.overlap == 0 and config.deterministic:
+      raise ValueError("Config: SGP with overlap=0 cannot run the deterministic lockstep.")
 
   @staticmethod
-  def global_params(driver: Any, timeout: float | None) -> Any:
+  def start_peers(driver: Driver) -> list[Any]:
+    return [driver.start_meeting(Mailbox)]
+
+  @staticmethod
+  def transport(links: Links) -> MailboxLink:
+    return MailboxLink(links.peers[0])
+
+  @staticmethod
+  def global_params(driver: Driver, timeout: float | None) -> Any:
     """The average of the workers' de-biased models (in float64, on the driver)."""
-    models = driver._get([w.get_params.remote() for w in driver.workers], timeout)
-    vectors = [driver.layout.to_vector(m) for m in models]
-    return driver.layout.to_tree(np.asarray(np.mean(vectors, axis=0, dtype=np.float64)))
+    layout = driver.layout
+    vectors = [layout.to_vector(m) for m in driver.worker_params(timeout)]
+    return layout.to_tree(np.asarray(np.mean(vectors, axis=0, dtype=np.float64)))
 
   def warm_up(self, batch: Any) -> None:
     (state, flat, _), _ = timed(self.plain, self.local.state, batch)
@@ -420,8 +345,8 @@ class SgpIteration(Iteration):
   def iterate(self, sync: bool, deadline: float | None) -> Stats:
     local = self.local
     mixed, wait = self._receive(deadline)
-    if not mixed:
-      return {**_stats(0.0, 0.0, wait), "skipped": 1.0}
+    if not mixed:  # the deadline came first: no step
+      return Stats(wait_s=wait)
     k, batch = local.iteration, next(local.batches)
     (local.state, flat, local.last_loss), compute = timed(self.plain, local.state, batch)
     sleep = local.sleep_for(compute)
@@ -431,4 +356,4 @@ class SgpIteration(Iteration):
       self.awaiting = local.transport.request(local.index, k - self.spec.overlap)
       _, more = self._receive(deadline)
       wait += more
-    return _stats(compute, sleep, wait)
+    return Stats.iteration(compute, sleep, wait)

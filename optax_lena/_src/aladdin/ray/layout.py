@@ -5,6 +5,7 @@ memory-wise sharding; ``docs/ALADDIN-ray.md``, "The wire format").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -16,10 +17,21 @@ PyTree = Any
 
 
 class FlatLayout:
-  """``ravel(tree) -> vector``, ``unravel(vector) -> tree`` and the shards' slices of it.
+  """The wire format: a model as one flat vector, and the shards' slices of it.
 
-  The vector has one dtype, the widest floating dtype of the leaves (a mixed bf16/float32 model
-  travels and is served in float32; ``unravel`` casts every leaf back to its own dtype).
+  ``ravel(tree) -> vector``, ``unravel(vector) -> tree``. The vector has one dtype, the widest
+  floating dtype of the leaves (a mixed bf16/float32 model travels and is served in float32;
+  ``unravel`` casts every leaf back to its own dtype).
+
+  Args:
+    params: the model (a pytree of floating-point arrays), whose structure, shapes and dtypes
+      the layout records.
+    num_shards: the number of PS shards to cut the vector into (1 to the number of
+      parameters).
+
+  Raises:
+    ValueError: an empty model, or ``num_shards`` outside 1 to the number of parameters.
+    TypeError: a parameter that is not floating point.
   """
 
   def __init__(self, params: PyTree, num_shards: int):
@@ -77,3 +89,11 @@ class FlatLayout:
 
   def join(self, slices: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(s) for s in slices], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+  """A PS shard's answer to a call it refused as malformed (never applied, counted as one
+  malformed message): ``reason`` says why, so that the sender can stop with it."""
+
+  reason: str

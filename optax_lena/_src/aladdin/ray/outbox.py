@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from optax_lena._src.aladdin.ray.channel import Ring, Rows
-from optax_lena._src.aladdin.ray.config import Plan
-from optax_lena._src.aladdin.ray.layout import FlatLayout
+from optax_lena._src.aladdin.ray.layout import FlatLayout, Rejected
+from optax_lena._src.aladdin.ray.plan import Plan
 
 
 class Outbox:
@@ -22,7 +22,7 @@ class Outbox:
 
   Args:
     worker, shards, layout: the sender's index, the shard actors and the flat layout.
-    plan: the :class:`~optax_lena._src.aladdin.ray.config.Plan`: a worker that has
+    plan: the :class:`~optax_lena._src.aladdin.ray.plan.Plan`: a worker that has
       ``plan.max_fold`` messages queued behind ``max_inflight`` unanswered calls waits
       (back-pressure); a call carries whole periods when it carries more than one.
     max_inflight: unanswered calls before messages are folded instead of sent.
@@ -43,8 +43,8 @@ class Outbox:
     ring: Ring | None = None,
   ):
     self.worker, self.shards, self.layout = worker, shards, layout
-    self.max_inflight, self.max_fold, self.unit = max_inflight, plan.max_fold, plan.period
-    self.min_fold = min(min_fold, self.max_fold)
+    self.plan, self.max_inflight = plan, max_inflight
+    self.min_fold = min(min_fold, plan.max_fold)
     self.ring = ring
     self._flushing = False
     self.sent = [0] * len(shards)  # messages (folded ones counted one by one) per shard
@@ -68,16 +68,16 @@ class Outbox:
       self._queue.append((message, finite))
       if len(self._queue) >= self.min_fold:  # wake the sender only when it has a call to make
         self._cond.notify_all()
-      if len(self._queue) > self.max_fold:
+      if len(self._queue) > self.plan.max_fold:
         t0 = time.perf_counter()
-        self._cond.wait_for(lambda: len(self._queue) <= self.max_fold or self._error)
+        self._cond.wait_for(lambda: len(self._queue) <= self.plan.max_fold or self._error)
         waited = time.perf_counter() - t0
     return waited
 
   def set_min_fold(self, min_fold: int) -> None:
     """Makes calls of at least ``min_fold`` messages from now on (``max_fold`` at most)."""
     with self._cond:
-      self.min_fold = max(1, min(min_fold, self.max_fold))
+      self.min_fold = max(1, min(min_fold, self.plan.max_fold))
       self._cond.notify_all()
 
   def take(self) -> list[list[Any]]:
@@ -113,9 +113,7 @@ class Outbox:
             and (len(self._queue) >= self.min_fold or (self._queue and self._flushing))
           )
         )
-        take = min(len(self._queue), self.max_fold)
-        if take > self.unit:
-          take -= take % self.unit
+        take = self.plan.call_size(len(self._queue))
         batch, self._queue = self._queue[:take], self._queue[take:]
         self._inflight += 1
         call = self._next_call
@@ -154,6 +152,8 @@ class Outbox:
   def _done(self, call: int, shard: int, part: Any, future: Any) -> None:
     try:
       reply = future.result()
+      if isinstance(reply, Rejected):
+        raise RuntimeError(f"PS shard {shard} refused the call as malformed: {reply.reason}")
       if reply is not None and reply[0] is None:  # its slices are in the ring's reply rows
         assert self.ring is not None and isinstance(part, Rows)
         reply = (self.ring.replies_of(part, len(reply[1])), reply[1])

@@ -1,5 +1,6 @@
 """SIGINT / SIGTERM in the driver: recorded before the handler raises, and checked after every
-wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults", says why)."""
+wait, so that no Ray internal can swallow them (``docs/ALADDIN-ray.md``, "Faults and security",
+says why)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from optax_lena._src.aladdin.ray.config import Interrupted
+from optax_lena._src.aladdin.ray.errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -67,8 +68,10 @@ class StopSignals:
 
 
 def exit_on_stop_signals() -> None:
-  """For programs: SIGTERM raises :class:`Interrupted` like Ctrl-C, so that one ``except
-  KeyboardInterrupt`` handles both and the program can exit with ``exit_code`` (143 / 130)."""
+  """Makes SIGTERM raise :class:`Interrupted`, as Ctrl-C does (for programs).
+
+  Then one ``except KeyboardInterrupt`` handles both and the program can exit with
+  ``exit_code`` (143 / 130)."""
 
   def handle(signum: int, frame: Any) -> None:
     disarm_crash_alarm(signum)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time as _time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from optax_lena._src.aladdin.batches import batch_stream
 
 PyTree = Any
 
@@ -66,20 +68,6 @@ class EvalPoint:
   test_loss: float
   test_accuracy: float
   local_accuracy: float = math.nan
-
-
-def batch_stream(
-  x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """One worker's endless mini-batches of ``(x, y)``: consecutive slices of per-epoch
-  permutations (also Ray's, through ``ad.Task.from_problem``)."""
-  order, pos = rng.permutation(len(x)), 0
-  while True:
-    if pos + batch_size > len(order):
-      order, pos = rng.permutation(len(x)), 0
-    idx = order[pos : pos + batch_size]
-    pos += batch_size
-    yield x[idx], y[idx]
 
 
 class Compute:
