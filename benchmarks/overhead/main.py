@@ -44,6 +44,10 @@ class Config:
   train_min_seconds: float = 30.0  # per model in (d): the CNN1D step takes milliseconds
 
 
+# (a) update only, (b) stacked statistics + update, (c) data-parallel steps, (d) training steps,
+# (e) optimizer-state memory, (f) compile time of the update.
+SECTIONS = ("a", "b", "c", "d", "e", "f")
+
 FULL = Config()
 QUICK = Config(
   resnet_width=16,
@@ -58,7 +62,14 @@ QUICK = Config(
 )
 
 
-def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> dict[str, Any]:
+def run(
+  config: Config,
+  devices: Sequence[Any],
+  out_dir: str,
+  command: str,
+  sections: Sequence[str] = SECTIONS,
+) -> dict[str, Any]:
+  """Runs the ``sections`` (letters of SECTIONS, in their order) and writes the reports."""
   start = time.perf_counter()
   load_before = [round(x, 2) for x in os.getloadavg()]
   trees = {
@@ -78,28 +89,41 @@ def run(config: Config, devices: Sequence[Any], out_dir: str, command: str) -> d
   }
   with jax.default_device(devices[0]):
     rows: list[Row] = []
-    for name, shapes in trees.items():
-      rows += bench_update_only(name, shapes, config.repeats)
-    for name, shapes in scanned.items():
-      rows += bench_update_only(
-        name,
-        shapes,
-        config.repeats,
-        layer_axes=scanned_layer_axes,
-        target="update_only_scanned",
-      )
-    for i, (name, shapes) in enumerate(trees.items()):
-      rows += bench_stacked(name, shapes, config.step_repeats, with_slow_mean=i == 0)
-    for name, shapes in scanned.items():
-      rows += bench_stacked(name, shapes, config.step_repeats, layer_axes=scanned_layer_axes)
-    for name, shapes in trees.items():
-      rows += bench_dp_step(name, shapes, config.step_repeats, devices)
-    for model_name, batch, width in config.train_models:
-      rows += bench_train_step(
-        model_name, config.step_repeats, devices, batch, width, min_seconds=config.train_min_seconds
-      )
-    memory = memory_rows(trees)
-    compile_rows = bench_compile(config.compile_leaves, config.compile_repeats)
+    memory: list[dict[str, Any]] = []
+    compile_rows: list[dict[str, Any]] = []
+    if "a" in sections:
+      for name, shapes in trees.items():
+        rows += bench_update_only(name, shapes, config.repeats)
+      for name, shapes in scanned.items():
+        rows += bench_update_only(
+          name,
+          shapes,
+          config.repeats,
+          layer_axes=scanned_layer_axes,
+          target="update_only_scanned",
+        )
+    if "b" in sections:
+      for i, (name, shapes) in enumerate(trees.items()):
+        rows += bench_stacked(name, shapes, config.step_repeats, with_slow_mean=i == 0)
+      for name, shapes in scanned.items():
+        rows += bench_stacked(name, shapes, config.step_repeats, layer_axes=scanned_layer_axes)
+    if "c" in sections:
+      for name, shapes in trees.items():
+        rows += bench_dp_step(name, shapes, config.step_repeats, devices)
+    if "d" in sections:
+      for model_name, batch, width in config.train_models:
+        rows += bench_train_step(
+          model_name,
+          config.step_repeats,
+          devices,
+          batch,
+          width,
+          min_seconds=config.train_min_seconds,
+        )
+    if "e" in sections:
+      memory = memory_rows(trees)
+    if "f" in sections:
+      compile_rows = bench_compile(config.compile_leaves, config.compile_repeats)
   meta = {
     "command": command,
     "machine": harness.machine_info(devices),
@@ -140,7 +164,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     action="store_true",
     help="do not re-execute with the caching glibc malloc settings",
   )
+  parser.add_argument(
+    "--sections",
+    default=",".join(SECTIONS),
+    help="the sections to run, e.g. a,b (default: all); the reports hold those only",
+  )
   args = parser.parse_args(argv)
+  sections = args.sections.split(",")
+  if not set(sections) <= set(SECTIONS):
+    parser.error(f"--sections: letters of {','.join(SECTIONS)}, got {args.sections!r}")
   if args.report_only:
     rebuild_reports(args.out)
     return
@@ -153,4 +185,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
   command = "python -m benchmarks.overhead " + " ".join(sys.argv[1:] if argv is None else argv)
   log(f"LENA overhead benchmark on {harness.machine_info(devices)}")
-  run(QUICK if args.quick else FULL, devices, args.out, command.strip())
+  run(QUICK if args.quick else FULL, devices, args.out, command.strip(), sections)

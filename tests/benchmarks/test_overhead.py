@@ -133,3 +133,16 @@ def test_compile_decomposition_pieces_compute_the_statistics(tmp_path):
   assert "| mlp1 | 6 | 1.00x | 2.00x |" in text
   assert "| mlp1 | 3.00x | 9.00x | 10.00x | 4.00x | 11.00x | 12.00x |" in text
   assert (tmp_path / "compile_decomposition.png").stat().st_size > 1000
+
+
+def test_sections_option_runs_only_the_chosen_sections(tmp_path):
+  """``--sections e``: the report holds the state-memory rows and no time ratio or compile row
+  (the step sections were not run); a letter outside a-f is a command-line error."""
+  pytest.importorskip("flax")
+  pytest.importorskip("matplotlib")
+  result = main.run(main.QUICK, jax.devices()[:1], str(tmp_path), "c", sections=("e",))
+  assert result["rows"] == [] and result["compile"] == []
+  assert {m["optimizer"] for m in result["memory"]} >= {"lena", "adascale"}
+  assert [t["id"] for t in result["targets"] if t["checks"]] == ["memory"]
+  with pytest.raises(SystemExit):
+    main.main(["--sections", "a,x", "--out", str(tmp_path)])
