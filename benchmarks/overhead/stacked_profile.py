@@ -112,14 +112,17 @@ def steps(layer_axes: Any) -> dict[str, tuple[Callable[..., Any], str]]:
     return p, jax.tree.map(lambda x: x + 0 * total.astype(x.dtype), s)
 
   mean_over_axis = lambda t: jax.tree.map(lambda g: jnp.mean(g, axis=0), t)
-  return {
+  out = {
     "slices_mean+sgd_momentum": (baseline(slices_mean), "sgd_momentum"),
     "jnp.mean+sgd_momentum": (baseline(mean_over_axis), "sgd_momentum"),
     "stacked_grad_stats+lena": (
       from_stack(lambda t: ol.stacked_grad_stats(t, layer_axes=layer_axes)),
       "lena",
     ),
-    "two_output_norms+lena": (from_stack(_two_output_norms), "lena"),
+  }
+  if layer_axes is None:  # the old statistics are per leaf: no per-slice LENA to feed
+    out["two_output_norms+lena"] = (from_stack(_two_output_norms), "lena")
+  return out | {
     "sgd_momentum (update only)": (update_only(sgd, False), "sgd_momentum"),
     "lena (update only)": (update_only(lena, True), "lena"),
     "one read of the stack": (one_read, "sgd_momentum"),

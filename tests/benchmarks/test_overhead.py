@@ -146,3 +146,27 @@ def test_sections_option_runs_only_the_chosen_sections(tmp_path):
   assert [t["id"] for t in result["targets"] if t["checks"]] == ["memory"]
   with pytest.raises(SystemExit):
     main.main(["--sections", "a,x", "--out", str(tmp_path)])
+
+
+def test_stacked_profile_steps_run_on_a_scanned_tree():
+  """stacked_profile's steps on a toy scanned tree (LENA per slice): every step runs and returns
+  finite parameters, the per-leaf-only comparison step is left out, and the statistics step moves
+  the parameters as LENA's update from the same mean and statistics does."""
+  import optax_lena as ol
+  from benchmarks.overhead import stacked_profile
+  from benchmarks.overhead.common import NUM_WORKERS, optimizers
+
+  shapes, axes = trees.scanned_mlp_shapes(3, 8), trees.scanned_layer_axes
+  steps = stacked_profile.steps(axes)
+  assert "two_output_norms+lena" not in steps and "stacked_grad_stats+lena" in steps
+  stacked = trees.materialize(shapes, seed=1, lead=(NUM_WORKERS,))
+  mean, stats = ol.stacked_grad_stats(stacked, layer_axes=axes)
+  params = trees.materialize(shapes, seed=0)
+  opts = optimizers(NUM_WORKERS, layer_axes=axes)
+  out = {}
+  for name, (fn, opt) in steps.items():
+    out[name] = jax.jit(fn)(params, opts[opt][0].init(params), stacked, mean, stats)[0]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(out[name])), name
+  jax.tree.map(
+    np.testing.assert_array_equal, out["stacked_grad_stats+lena"], out["lena (update only)"]
+  )
