@@ -40,18 +40,18 @@ import jax.numpy as jnp
 
 from benchmarks import harness
 from benchmarks.overhead.common import optimizers
-from benchmarks.overhead.whole_step_compile import NUM_SAMPLES, compile_step, layernorm_mlp
+from benchmarks.overhead.whole_step_compile import LABELS as STEP_LABELS
+from benchmarks.overhead.whole_step_compile import (
+  NUM_SAMPLES,
+  compile_step,
+  layernorm_mlp,
+  optimizer_entry,
+  print_ratios,
+)
 
 PyTree = Any
 ORDER = ("sgd_momentum", "lars", "lamb", "adascale", "lena", "lena_per_stack")
-LABELS = {
-  "sgd_momentum": "SGD-m",
-  "lars": "optax.lars",
-  "lamb": "optax.lamb",
-  "adascale": "AdaScale",
-  "lena": "LENA per slice",
-  "lena_per_stack": "LENA per stack",
-}
+LABELS = {**STEP_LABELS, "lena": "LENA per slice", "lena_per_stack": "LENA per stack"}
 # The optax_lena optimizers that take layer_axes on a scanned model.
 PER_SLICE = ("adascale", "lena")
 # Goals of issue 49 on the scanned models: LENA per slice's compile over SGD-momentum's, and
@@ -172,20 +172,9 @@ def bench(models: Sequence[str], names: Sequence[str], repeats: int) -> list[dic
     }
     for name in run_names:
       median = statistics.median(r["compile_cpu_seconds"] for r in runs[name])
-      row[name] = {
-        "median_cpu_s": median,
-        "all_cpu_s": [r["compile_cpu_seconds"] for r in runs[name]],
-        "all_wall_s": [r["seconds"] for r in runs[name]],
-        "ratio_vs_sgd_momentum": median / base,
-        "kernels": runs[name][-1]["kernels"],
-        "distinct_kernels": runs[name][-1]["distinct_kernels"],
-      }
+      row[name] = optimizer_entry(runs[name], ("median_cpu_s", median), base)
     rows.append(row)
-    print(
-      f"{model_name} ({model.leaves} leaves): "
-      + ", ".join(f"{n} {row[n]['ratio_vs_sgd_momentum']:.2f}x" for n in run_names),
-      flush=True,
-    )
+    print_ratios(f"{model_name} ({model.leaves} leaves)", row, run_names)
   return rows
 
 

@@ -147,6 +147,23 @@ def compile_step(
   }
 
 
+def optimizer_entry(
+  runs: list[dict[str, float]], summary: tuple[str, float], base_cpu_s: float
+) -> dict[str, Any]:
+  """One optimizer's entry in a model's row: ``summary`` (its key and the CPU seconds that stand
+  for the runs), every run's CPU and wall seconds, the ratio of the summary to SGD-momentum's
+  ``base_cpu_s``, and the last run's kernel counts."""
+  key, cpu_s = summary
+  return {
+    key: cpu_s,
+    "all_cpu_s": [r["compile_cpu_seconds"] for r in runs],
+    "all_wall_s": [r["seconds"] for r in runs],
+    "ratio_vs_sgd_momentum": cpu_s / base_cpu_s,
+    "kernels": runs[-1]["kernels"],
+    "distinct_kernels": runs[-1]["distinct_kernels"],
+  }
+
+
 def bench(
   models: Sequence[str], names: Sequence[str] = ORDER, repeats: int = 2
 ) -> list[dict[str, Any]]:
@@ -164,21 +181,16 @@ def bench(
     best = {name: min(r["compile_cpu_seconds"] for r in runs[name]) for name in names}
     row: dict[str, Any] = {"model": model, "leaves": leaves}
     for name in names:
-      row[name] = {
-        "best_cpu_s": best[name],
-        "all_cpu_s": [r["compile_cpu_seconds"] for r in runs[name]],
-        "all_wall_s": [r["seconds"] for r in runs[name]],
-        "ratio_vs_sgd_momentum": best[name] / best["sgd_momentum"],
-        "kernels": runs[name][-1]["kernels"],
-        "distinct_kernels": runs[name][-1]["distinct_kernels"],
-      }
+      row[name] = optimizer_entry(runs[name], ("best_cpu_s", best[name]), best["sgd_momentum"])
     rows.append(row)
-    print(
-      f"{model} ({leaves} leaves): "
-      + ", ".join(f"{n} {row[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names),
-      flush=True,
-    )
+    print_ratios(f"{model} ({leaves} leaves)", row, names)
   return rows
+
+
+def print_ratios(label: str, row: dict[str, Any], names: Sequence[str]) -> None:
+  """One line per model: each optimizer's compile over SGD-momentum's."""
+  ratios = ", ".join(f"{n} {row[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names)
+  print(f"{label}: {ratios}", flush=True)
 
 
 def table(rows: list[dict[str, Any]], names: Sequence[str]) -> str:

@@ -149,9 +149,10 @@ def test_sections_option_runs_only_the_chosen_sections(tmp_path):
 
 
 def test_stacked_profile_steps_run_on_a_scanned_tree():
-  """stacked_profile's steps on a toy scanned tree (LENA per slice): every step runs and returns
-  finite parameters, the per-leaf-only comparison step is left out, and the statistics step moves
-  the parameters as LENA's update from the same mean and statistics does."""
+  """stacked_profile's steps on a toy scanned tree (LENA per slice): the per-leaf-only comparison
+  step is left out (it cannot feed per-slice LENA), and the statistics step moves the parameters
+  as LENA's update from the same mean and statistics does (to float32 rounding). Only those two
+  steps are compiled, to keep the test cheap."""
   import optax_lena as ol
   from benchmarks.overhead import stacked_profile
   from benchmarks.overhead.common import NUM_WORKERS, optimizers
@@ -164,9 +165,10 @@ def test_stacked_profile_steps_run_on_a_scanned_tree():
   params = trees.materialize(shapes, seed=0)
   opts = optimizers(NUM_WORKERS, layer_axes=axes)
   out = {}
-  for name, (fn, opt) in steps.items():
+  for name in ("stacked_grad_stats+lena", "lena (update only)"):
+    fn, opt = steps[name]
     out[name] = jax.jit(fn)(params, opts[opt][0].init(params), stacked, mean, stats)[0]
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(out[name])), name
-  jax.tree.map(
-    np.testing.assert_array_equal, out["stacked_grad_stats+lena"], out["lena (update only)"]
-  )
+  # To float32 rounding: inside the step XLA fuses the statistics with the update.
+  close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+  jax.tree.map(close, out["stacked_grad_stats+lena"], out["lena (update only)"])
