@@ -35,7 +35,7 @@ import optax
 
 import optax_lena as ol
 from benchmarks import harness
-from benchmarks.overhead.common import optimizers
+from benchmarks.overhead.common import optimizers, slices_mean
 from benchmarks.overhead.whole_step_compile import (
   NUM_SAMPLES,
   PER_WORKER_BATCH,
@@ -75,7 +75,7 @@ def _piece_step(apply: Callable, piece: str) -> tuple[Callable, optax.GradientTr
     return optax.softmax_cross_entropy_with_integer_labels(apply(params, x), y).mean()
 
   def pieces(g):
-    mean = jnp.mean(g, axis=0)
+    mean = slices_mean(g)
     rest = tuple(range(1, g.ndim))
     if piece == "per_worker_dot":
       per_worker = jax.lax.dot_general(g, g, ((rest, rest), ((0,), (0,))))

@@ -36,6 +36,16 @@ def summary_targets(rows: list[Row], memory: list[dict], compile_rows: list[dict
   return out
 
 
+def load_line(meta: dict) -> str:
+  """The machine's load average around the run (older records have none)."""
+  if "load_average_before" not in meta:
+    return "Load average: not recorded"
+  return (
+    f"Load average (1, 5, 15 min): {meta['load_average_before']} before, "
+    f"{meta['load_average_after']} after"
+  )
+
+
 def write_markdown(
   path: str, meta: dict, rows: list[Row], memory: list[dict], compile_rows: list[dict]
 ) -> None:
@@ -46,7 +56,8 @@ def write_markdown(
     f"Machine: {meta['machine']['cpu']}, "
     f"{meta['machine']['cpu_cores']} cores; {meta['machine']['devices']}; jax "
     f"{meta['machine']['jax']}, optax {meta['machine']['optax']}  ",
-    f"Repeats: {meta['repeats']}, interleaved (ratios of medians); total {meta['seconds']:.0f} s",
+    f"Repeats: {meta['repeats']}, interleaved (ratios of medians); total {meta['seconds']:.0f} s  ",
+    load_line(meta),
     "",
     "## Targets",
     "",

@@ -6,8 +6,9 @@ Run from the repository root::
 
 The step is what a user jits: forward and backward of S = 4 per-worker batches
 (``jax.vmap(jax.grad(loss))``), then ``ol.stacked_grad_stats`` and the update for the optimizers
-that take statistics (LENA, AdaScale, LSW), or the mean gradient and the update for the others
-(SGD-momentum, ``optax.lars``, ``optax.lamb``), then ``optax.apply_updates``. Each optimizer's
+that take statistics (LENA, AdaScale, LSW), or the mean gradient (the sum of the S slices over
+S, ``common.slices_mean``) and the update for the others (SGD-momentum, ``optax.lars``,
+``optax.lamb``), then ``optax.apply_updates``. Each optimizer's
 step is built afresh and timed as ``jax.jit(step).lower(...).compile()`` on abstract inputs;
 every optimizer is compiled ``--repeats`` times (default 2), interleaved in alternating order
 in one process, and the best time counts. The time of record is the **CPU seconds** of
@@ -39,7 +40,7 @@ import optax
 
 import optax_lena as ol
 from benchmarks import harness
-from benchmarks.overhead.common import optimizers
+from benchmarks.overhead.common import optimizers, slices_mean
 from benchmarks.overhead.state_and_compile import kernel_counts
 
 PyTree = Any
@@ -95,7 +96,10 @@ def model_for(name: str):
   raise ValueError(f"unknown model {name!r}: resnet18 or mlpD (D layers)")
 
 
-def make_step(apply, tx: optax.GradientTransformation, uses_stats: bool):
+def make_step(apply, tx: optax.GradientTransformation, uses_stats: bool, layer_axes: Any = None):
+  """The whole training step of ``apply``'s model with ``tx`` (``layer_axes``: the statistics'
+  and the optimizer's, for a model with stacked layers)."""
+
   def loss(params, x, y):
     logits = apply(params, x)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
@@ -103,10 +107,10 @@ def make_step(apply, tx: optax.GradientTransformation, uses_stats: bool):
   def step(params, opt_state, x, y):
     stacked = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, x, y)
     if uses_stats:
-      mean, stats = ol.stacked_grad_stats(stacked)
+      mean, stats = ol.stacked_grad_stats(stacked, layer_axes=layer_axes)
       updates, opt_state = tx.update(mean, opt_state, params, grad_stats=stats)
     else:
-      mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), stacked)
+      mean = slices_mean(stacked)
       updates, opt_state = tx.update(mean, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
@@ -116,14 +120,20 @@ def make_step(apply, tx: optax.GradientTransformation, uses_stats: bool):
 def compile_once(model: str, name: str) -> dict[str, float]:
   """Builds ``model``'s step for optimizer ``name`` from scratch and compiles it once."""
   apply, params, in_shape = model_for(model)
-  tx, uses_stats = optimizers(NUM_SAMPLES)[name]
+  return compile_step(apply, params, in_shape, *optimizers(NUM_SAMPLES)[name])
+
+
+def compile_step(
+  apply, params: PyTree, in_shape: Sequence[int], tx, uses_stats: bool, layer_axes: Any = None
+) -> dict[str, float]:
+  """Compiles the whole step of ``apply``'s model with ``tx`` once, on abstract inputs: its
+  seconds (wall: lower + compile, compile; CPU: compile) and (distinct) kernels."""
   state = jax.eval_shape(tx.init, params)
   x = jax.ShapeDtypeStruct((NUM_SAMPLES, PER_WORKER_BATCH, *in_shape), jnp.float32)
   y = jax.ShapeDtypeStruct((NUM_SAMPLES, PER_WORKER_BATCH), jnp.int32)
   start = time.perf_counter()
-  lowered = jax.jit(make_step(apply, tx, uses_stats), donate_argnums=(0, 1)).lower(
-    params, state, x, y
-  )
+  step = make_step(apply, tx, uses_stats, layer_axes)
+  lowered = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, x, y)
   mid, cpu = time.perf_counter(), time.process_time()
   compiled = lowered.compile()
   end, cpu = time.perf_counter(), time.process_time() - cpu
@@ -134,6 +144,23 @@ def compile_once(model: str, name: str) -> dict[str, float]:
     "compile_cpu_seconds": cpu,
     "kernels": kernels,
     "distinct_kernels": distinct,
+  }
+
+
+def optimizer_entry(
+  runs: list[dict[str, float]], summary: tuple[str, float], base_cpu_s: float
+) -> dict[str, Any]:
+  """One optimizer's entry in a model's row: ``summary`` (its key and the CPU seconds that stand
+  for the runs), every run's CPU and wall seconds, the ratio of the summary to SGD-momentum's
+  ``base_cpu_s``, and the last run's kernel counts."""
+  key, cpu_s = summary
+  return {
+    key: cpu_s,
+    "all_cpu_s": [r["compile_cpu_seconds"] for r in runs],
+    "all_wall_s": [r["seconds"] for r in runs],
+    "ratio_vs_sgd_momentum": cpu_s / base_cpu_s,
+    "kernels": runs[-1]["kernels"],
+    "distinct_kernels": runs[-1]["distinct_kernels"],
   }
 
 
@@ -154,21 +181,16 @@ def bench(
     best = {name: min(r["compile_cpu_seconds"] for r in runs[name]) for name in names}
     row: dict[str, Any] = {"model": model, "leaves": leaves}
     for name in names:
-      row[name] = {
-        "best_cpu_s": best[name],
-        "all_cpu_s": [r["compile_cpu_seconds"] for r in runs[name]],
-        "all_wall_s": [r["seconds"] for r in runs[name]],
-        "ratio_vs_sgd_momentum": best[name] / best["sgd_momentum"],
-        "kernels": runs[name][-1]["kernels"],
-        "distinct_kernels": runs[name][-1]["distinct_kernels"],
-      }
+      row[name] = optimizer_entry(runs[name], ("best_cpu_s", best[name]), best["sgd_momentum"])
     rows.append(row)
-    print(
-      f"{model} ({leaves} leaves): "
-      + ", ".join(f"{n} {row[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names),
-      flush=True,
-    )
+    print_ratios(f"{model} ({leaves} leaves)", row, names)
   return rows
+
+
+def print_ratios(label: str, row: dict[str, Any], names: Sequence[str]) -> None:
+  """One line per model: each optimizer's compile over SGD-momentum's."""
+  ratios = ", ".join(f"{n} {row[n]['ratio_vs_sgd_momentum']:.2f}x" for n in names)
+  print(f"{label}: {ratios}", flush=True)
 
 
 def table(rows: list[dict[str, Any]], names: Sequence[str]) -> str:

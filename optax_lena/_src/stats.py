@@ -100,6 +100,15 @@ def sq_norm(x: jax.Array) -> jax.Array:
   return layer_axes_lib.slice_sq_norms(x, None)
 
 
+# From this many elements per worker on, a leaf's two squared norms are two single-output
+# reductions instead of one two-output reduction. On XLA:CPU (jax 0.10) a single-output
+# reduction runs as a vectorised library kernel while a two-output one is a scalar loop, about
+# five times slower per element on large leaves (ResNet-18: 18 ms against 4 ms for the
+# reductions of one step, benchmarks/overhead/RESULTS.md); on small leaves the one kernel
+# costs less than the two (and their scalings) it replaces.
+SEPARATE_NORMS_FROM = 1 << 14
+
+
 def _sums(operands: tuple[jax.Array, jax.Array], axes: tuple[int, ...]):
   """The sums of two arrays of one shape and dtype over ``axes``, as one variadic reduction."""
   zero = jnp.zeros((), operands[0].dtype)
@@ -172,15 +181,21 @@ def stacked_grad_stats(
 
   def per_leaf(g, axis):
     g32 = g.astype(precision.accumulation_dtype(g.dtype))
-    # (1/S) sum_i ||g_i||^2 = (1/S) sum over elements of sum_i g_i^2: the worker sums of g and
-    # g^2 are one two-output reduction, and the two squared norms another. Separate
-    # reductions compile one kernel each and make the stacked gradients a buffer read twice;
-    # this form compiles the statistics in about half the time (benchmarks/overhead, RESULTS).
+    # One pass over the S slices: a two-output reduction over the worker axis gives the sums of
+    # g_i and of g_i^2, and (1/S) sum_i ||g_i||^2 = (1/S) sum over elements of sum_i g_i^2.
     # Reductions, not a reshape to (S, -1): under an explicit-axis mesh a reshape that merges
     # a sharded axis has no sharding type, while a reduction has one.
     total, total_sq = _sums((g32, jnp.square(g32)), (0,))
     mean = total / num_stacked
-    sq_sum, mean_sq = _sums((total_sq, jnp.square(mean)), _other_axes(mean.ndim, axis))
+    others = _other_axes(mean.ndim, axis)
+    if mean.size < SEPARATE_NORMS_FROM:
+      sq_sum, mean_sq = _sums((total_sq, jnp.square(mean)), others)
+    else:
+      sq_sum = jnp.sum(total_sq, axis=others)
+      # ||sum||^2 / S^2 rather than ||sum / S||^2: the reduction reads the sum as it is, where a
+      # scaled operand makes XLA write the mean (or the scale) to memory first. The two differ
+      # only where the squares leave the float32 range (diverged gradients, a skipped step).
+      mean_sq = jnp.sum(jnp.square(total), axis=others) / float(num_stacked**2)
     return mean.astype(g.dtype), sq_sum / num_stacked, mean_sq
 
   treedef: Any = jax.tree.structure(stacked_grads)

@@ -13,21 +13,32 @@ import optax
 import pytest
 
 from benchmarks import harness
-from benchmarks.overhead import common, data_parallel, report, state_and_compile, trees, update
+from benchmarks.overhead import data_parallel, main, report, state_and_compile, trees, update
 
 
 def test_every_section_runs_and_reports(tmp_path):
   pytest.importorskip("flax")
   pytest.importorskip("matplotlib")
-  devices = jax.devices()[: common.NUM_WORKERS]
+  devices = jax.devices()[:2]  # the sections take any number; fewer run and compile faster
   tree = trees.leaves_tree(4, d_model=8)
-  rows = update.bench_update_only("toy", tree, repeats=2, names=("sgd_momentum", "lena"))
-  rows += update.bench_stacked("toy", tree, repeats=2)
+  scanned, axes = trees.scanned_mlp_shapes(3, 8), trees.scanned_layer_axes
+  names = ("sgd_momentum", "lena")
+  rows = update.bench_update_only("toy", tree, repeats=2, names=names)
+  rows += update.bench_update_only(
+    "toy scanned", scanned, 2, names, layer_axes=axes, target="update_only_scanned"
+  )
+  rows += update.bench_stacked("toy", tree, repeats=2, with_slow_mean=True)
+  rows += update.bench_stacked("toy scanned", scanned, repeats=2, layer_axes=axes)
   rows += data_parallel.bench_dp_step("toy", tree, 2, devices, modes=("shard_map",))  # pmap: in (d)
   rows += data_parallel.bench_train_step("cnn1d", 2, devices, per_device_batch=2)
   memory = state_and_compile.memory_rows({"toy": tree})
   compile_rows = state_and_compile.bench_compile([3])
   assert {r.section.split(".")[0] for r in rows} == {"a", "b", "c", "d"}
+  targets = {(r.tree, r.candidate): r.target for r in rows}
+  assert targets[("toy scanned", "lena")] == "update_only_scanned"
+  assert targets[("toy scanned", "stacked_grad_stats+lena")] == "stacked"
+  assert {r.baseline for r in rows if r.section.startswith("b")} == {update.BASELINE}
+  assert ("toy", update.SLOW_BASELINE) in targets  # the jnp.mean baseline, for context
   assert {"pmean+local_sq_norms+sgd_momentum", "pmean+mean_sq_norms+sgd_momentum"} <= {
     r.candidate for r in rows
   }  # the profile of the statistics' two passes
@@ -51,7 +62,11 @@ def test_every_section_runs_and_reports(tmp_path):
   assert json.loads((tmp_path / "overhead.json").read_text())["targets"] == json.loads(
     json.dumps(result["targets"])
   )
-  assert "| update only" in (tmp_path / "overhead.md").read_text()
+  markdown = (tmp_path / "overhead.md").read_text()
+  assert "| update only" in markdown and "sum of the slices / S" in markdown
+  (tmp_path / "overhead.md").unlink()
+  main.rebuild_reports(str(tmp_path))  # --report_only
+  assert (tmp_path / "overhead.md").read_text() == markdown
 
 
 def test_kernel_counts_tell_distinct_kernels_apart():
@@ -118,3 +133,42 @@ def test_compile_decomposition_pieces_compute_the_statistics(tmp_path):
   assert "| mlp1 | 6 | 1.00x | 2.00x |" in text
   assert "| mlp1 | 3.00x | 9.00x | 10.00x | 4.00x | 11.00x | 12.00x |" in text
   assert (tmp_path / "compile_decomposition.png").stat().st_size > 1000
+
+
+def test_sections_option_runs_only_the_chosen_sections(tmp_path):
+  """``--sections e``: the report holds the state-memory rows and no time ratio or compile row
+  (the step sections were not run); a letter outside a-f is a command-line error."""
+  pytest.importorskip("flax")
+  pytest.importorskip("matplotlib")
+  result = main.run(main.QUICK, jax.devices()[:1], str(tmp_path), "c", sections=("e",))
+  assert result["rows"] == [] and result["compile"] == []
+  assert {m["optimizer"] for m in result["memory"]} >= {"lena", "adascale"}
+  assert [t["id"] for t in result["targets"] if t["checks"]] == ["memory"]
+  with pytest.raises(SystemExit):
+    main.main(["--sections", "a,x", "--out", str(tmp_path)])
+
+
+def test_stacked_profile_steps_run_on_a_scanned_tree():
+  """stacked_profile's steps on a toy scanned tree (LENA per slice): the per-leaf-only comparison
+  step is left out (it cannot feed per-slice LENA), and the statistics step moves the parameters
+  as LENA's update from the same mean and statistics does (to float32 rounding). Only those two
+  steps are compiled, to keep the test cheap."""
+  import optax_lena as ol
+  from benchmarks.overhead import stacked_profile
+  from benchmarks.overhead.common import NUM_WORKERS, optimizers
+
+  shapes, axes = trees.scanned_mlp_shapes(3, 8), trees.scanned_layer_axes
+  steps = stacked_profile.steps(axes)
+  assert "two_output_norms+lena" not in steps and "stacked_grad_stats+lena" in steps
+  stacked = trees.materialize(shapes, seed=1, lead=(NUM_WORKERS,))
+  mean, stats = ol.stacked_grad_stats(stacked, layer_axes=axes)
+  params = trees.materialize(shapes, seed=0)
+  opts = optimizers(NUM_WORKERS, layer_axes=axes)
+  out = {}
+  for name in ("stacked_grad_stats+lena", "lena (update only)"):
+    fn, opt = steps[name]
+    out[name] = jax.jit(fn)(params, opts[opt][0].init(params), stacked, mean, stats)[0]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(out[name])), name
+  # To float32 rounding: inside the step XLA fuses the statistics with the update.
+  close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+  jax.tree.map(close, out["stacked_grad_stats+lena"], out["lena (update only)"])
