@@ -172,3 +172,47 @@ def test_stacked_profile_steps_run_on_a_scanned_tree():
   # To float32 rounding: inside the step XLA fuses the statistics with the update.
   close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
   jax.tree.map(close, out["stacked_grad_stats+lena"], out["lena (update only)"])
+
+
+def test_codegen_size_counts_the_kernels_xla_compiles(tmp_path):
+  """codegen_size on a toy scanned MLP: XLA's dump is read back (every kernel has IR lines, the
+  totals are the kernels' sums), LENA per slice generates more code than SGD-momentum, the
+  growth table picks the kernel that grew most, and --report_only rebuilds the report."""
+  pytest.importorskip("flax")
+  pytest.importorskip("matplotlib")
+  import copy
+
+  from benchmarks.overhead import codegen_size
+
+  names = ["sgd_momentum", "lena"]
+  (row,) = codegen_size.bench(["mlp2_scan"], names)
+  sizes = row["lena"]["per_kernel"]
+  assert "per_kernel" not in row["sgd_momentum"]  # only LENA's kernels are kept
+  assert row["lena"]["kernels"] == len(sizes) > row["sgd_momentum"]["kernels"] > 0
+  assert row["lena"]["ir_lines"] == sum(s["ir_lines"] for s in sizes.values())
+  assert row["lena"]["ir_lines"] > row["sgd_momentum"]["ir_lines"] > 0
+  assert all(s["ir_lines"] > 0 and s["object_bytes"] > 0 for s in sizes.values())
+  assert sum(s["scalar_stores"] + s["vector_stores"] for s in sizes.values()) > 0
+
+  deeper = copy.deepcopy(row) | {"model": "mlp2_scan_grown", "depth": 3}
+  grown = sorted(sizes)[0]
+  before = sizes[grown]["ir_lines"]
+  deeper["lena"]["per_kernel"][grown]["ir_lines"] += 10_000
+  (top, *_) = codegen_size.growing_kernels([row, deeper])
+  assert top["kernel"] == grown
+  assert [s["ir_lines"] for s in top["sizes"]] == [before, before + 10_000]
+
+  record = {
+    "command": "test",
+    "machine": harness.machine_info(),
+    "num_samples": 4,
+    "seconds": 1.0,
+    "variants": names,
+    "rows": [row, deeper],
+  }
+  harness.write_json(tmp_path / "codegen_size.json", record)
+  markdown = codegen_size.write_report(record, tmp_path)
+  assert f"`{grown}`" in markdown and (tmp_path / "codegen_size.png").stat().st_size > 0
+  (tmp_path / "codegen_size.md").unlink()
+  codegen_size.main(["--report_only", "--out", str(tmp_path)])
+  assert (tmp_path / "codegen_size.md").read_text() == markdown
