@@ -60,11 +60,10 @@ SCALAR_STORE, VECTOR_STORE = "store float ", "store <"
 TOP_GROWING = 6
 
 
-def piece_step(model: depth.Model, piece: str) -> tuple[Callable, optax.GradientTransformation]:
-  """SGD-momentum's step with the per-slice statistics (``"statistics"``, returned as outputs
-  so that XLA keeps them) or the statistics read by the non-finite guard (``"guard"``)."""
+def statistics_step(model: depth.Model) -> tuple[Callable, optax.GradientTransformation]:
+  """SGD-momentum's step with the per-slice statistics computed and returned as outputs, so
+  that XLA keeps them."""
   sgd, _ = optimizers(NUM_SAMPLES)["sgd_momentum"]
-  tx = ol.skip_nonfinite_steps(sgd, layer_axes=model.layer_axes) if piece == "guard" else sgd
 
   def loss(params, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y).mean()
@@ -72,18 +71,23 @@ def piece_step(model: depth.Model, piece: str) -> tuple[Callable, optax.Gradient
   def step(params, opt_state, x, y):
     stacked = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, x, y)
     mean, stats = ol.stacked_grad_stats(stacked, layer_axes=model.layer_axes)
-    extra = {"grad_stats": stats} if piece == "guard" else {}
-    updates, opt_state = tx.update(mean, opt_state, params, **extra)
-    kept = (stats.sq_norm_mean, stats.mean_grad_sq_norm) if piece == "statistics" else ()
+    updates, opt_state = sgd.update(mean, opt_state, params)
+    kept = (stats.sq_norm_mean, stats.mean_grad_sq_norm)
     return optax.apply_updates(params, updates), opt_state, kept
 
-  return step, tx
+  return step, sgd
 
 
 def variant_step(model: depth.Model, name: str) -> tuple[Callable, optax.GradientTransformation]:
-  """The step and transformation of variant ``name`` on ``model``."""
-  if name in ("statistics", "guard"):
-    return piece_step(model, name)
+  """The step and transformation of variant ``name`` on ``model``. The guard's step is
+  ``whole_step_compile``'s with ``ol.skip_nonfinite_steps`` around SGD-momentum, fed the
+  per-slice statistics."""
+  if name == "statistics":
+    return statistics_step(model)
+  if name == "guard":
+    sgd, _ = optimizers(NUM_SAMPLES)["sgd_momentum"]
+    tx = ol.skip_nonfinite_steps(sgd, layer_axes=model.layer_axes)
+    return make_step(model.apply, tx, True, model.layer_axes), tx
   tx, uses_stats, layer_axes = depth.transformation(model, name)
   return make_step(model.apply, tx, uses_stats, layer_axes), tx
 
